@@ -1,0 +1,108 @@
+"""Typed rejections of the handoff contract.
+
+Every way a handoff stream can be wrong has its own class with a stable ``code`` string, so the
+receiver can answer with a precise 4xx and the sender's logs and metrics can name the reason.
+``status`` is the HTTP status the DiT service answers with.
+"""
+
+from __future__ import annotations
+
+
+class HandoffError(Exception):
+    """A handoff stream violated the contract. ``code`` is stable and machine-readable."""
+
+    code = "handoff_error"
+    status = 400
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class MalformedFrame(HandoffError):
+    """Not a msgpack map, a field is missing, or a field has the wrong type."""
+
+    code = "malformed_frame"
+
+
+class UnsupportedSchemaVersion(HandoffError):
+    code = "unsupported_schema_version"
+
+
+class UnknownFrameKind(HandoffError):
+    code = "unknown_frame_kind"
+
+
+class DtypeNotAllowed(HandoffError):
+    code = "dtype_not_allowed"
+
+
+class ShapeMismatch(HandoffError):
+    """Declared shape disagrees with the byte length, the hidden size or the row count."""
+
+    code = "shape_mismatch"
+
+
+class RowsOutOfBounds(HandoffError):
+    """Rows outside ``[0, max_rows)`` of their stream, or a stream that was not opened."""
+
+    code = "rows_out_of_bounds"
+
+
+class OverlappingRows(HandoffError):
+    """A row index arrived twice (duplicate or overlapping ``rows`` frames)."""
+
+    code = "overlapping_rows"
+
+
+class TokenCountMismatch(HandoffError):
+    """Token ids do not match the rows they label, or ``close`` disagrees with the rows received."""
+
+    code = "token_count_mismatch"
+
+
+class RowCountMismatch(HandoffError):
+    """``close`` declares a row count that differs from the rows that actually arrived."""
+
+    code = "row_count_mismatch"
+
+
+class ChecksumMismatch(HandoffError):
+    code = "checksum_mismatch"
+
+
+class FrameOutOfOrder(HandoffError):
+    """A frame that cannot come at this point: anything before ``open``, a second ``open``."""
+
+    code = "frame_out_of_order"
+
+
+class FrameAfterClose(HandoffError):
+    code = "frame_after_close"
+
+
+class FrameTooLarge(HandoffError):
+    """A frame (or its header) is larger than the receiver's configured limit."""
+
+    code = "frame_too_large"
+    status = 413
+
+
+class AllocationTooLarge(HandoffError):
+    """The ``open`` frame asks for a row buffer over the receiver's cap (rows x hidden x dtype)."""
+
+    code = "allocation_too_large"
+    status = 413
+
+
+class HandoffAborted(HandoffError):
+    """The sender ended the handoff with an ``abort`` frame."""
+
+    code = "aborted_by_sender"
+    status = 409
+
+
+class IncompleteStream(HandoffError):
+    """The byte stream ended before a ``close`` frame (or inside a frame)."""
+
+    code = "incomplete_stream"

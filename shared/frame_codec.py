@@ -1,0 +1,254 @@
+"""Frames to bytes and back.
+
+Encoding is scatter/gather: a ``rows`` frame becomes ``[prefix, payload]`` where ``prefix`` is the
+small msgpack map prefix ending in the ``data`` bin header and ``payload`` is the tensor's own
+memory. A sender writes both buffers; the row bytes are never concatenated into a new buffer.
+
+Decoding has two paths:
+
+- ``FrameReader``: a push parser for a byte stream (an HTTP request body). It parses each frame's
+  header, asks the caller where the payload goes, and copies received bytes straight there —
+  one copy from the received bytes, none more.
+- ``decode_frame``: plain one-shot decode of a complete frame, for tools and tests.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Protocol
+
+import msgpack
+import torch
+
+from shared.checksum import PayloadHasher, payload_checksum
+from shared.errors import ChecksumMismatch, FrameTooLarge, HandoffError, IncompleteStream, MalformedFrame, ShapeMismatch
+from shared.frame_types import Buffer
+from shared.frames import Frame, RowsFrame, StreamName, frame_from_header, frame_header
+from shared.tensor_codec import TensorLayout, check_layout, tensor_bytes, tensor_from_bytes, wire_dtype
+
+DATA_KEY = "data"
+_LANDING_SLICE = 256 << 10
+
+
+def encode_frame(frame: Frame) -> bytes:
+    """A frame without row data (``open``, ``close``, ``abort``) as one msgpack map."""
+    if isinstance(frame, RowsFrame):
+        raise TypeError("rows frames carry data: use encode_rows")
+    return msgpack.packb(frame_header(frame), use_bin_type=True)
+
+
+def encode_rows(
+    request_id: str, stream: StreamName, start: int, token_ids: list[int], rows: torch.Tensor
+) -> tuple[RowsFrame, list[Buffer]]:
+    """The frame for ``rows`` (host tensor [n, hidden]) and its wire buffers ``[prefix, payload]``.
+
+    ``prefix`` is the msgpack map up to and including the ``data`` bin header (``data`` is the last
+    entry); ``payload`` is the tensor's own memory.
+    """
+    payload = tensor_bytes(rows)
+    frame = RowsFrame(
+        request_id=request_id,
+        stream=stream,
+        start=start,
+        count=rows.shape[0],
+        token_ids=token_ids,
+        dtype=wire_dtype(rows.dtype),
+        shape=list(rows.shape),
+        checksum=payload_checksum(payload),
+    )
+    header = frame_header(frame)
+    packer = msgpack.Packer(use_bin_type=True)
+    parts = [packer.pack_map_header(len(header) + 1)]
+    for key, value in header.items():
+        parts.append(packer.pack(key))
+        parts.append(packer.pack(value))
+    parts.append(packer.pack(DATA_KEY))
+    # Always bin32 so the prefix length does not depend on the payload size.
+    parts.append(b"\xc6" + struct.pack(">I", payload.nbytes))
+    return frame, [b"".join(parts), payload]
+
+
+@dataclass(frozen=True)
+class DecodedFrame:
+    frame: Frame
+    rows: torch.Tensor | None = None
+
+
+def decode_frame(data: Buffer) -> DecodedFrame:
+    """Plain decode of one complete frame (copies the payload once into a new tensor)."""
+    try:
+        header = msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types for bad input
+        raise MalformedFrame(f"not a msgpack frame: {exc}") from None
+    if not isinstance(header, dict):
+        raise MalformedFrame("a frame is a msgpack map")
+    payload = header.pop(DATA_KEY, None)
+    frame = frame_from_header(header)
+    if not isinstance(frame, RowsFrame):
+        return DecodedFrame(frame)
+    if not isinstance(payload, bytes):
+        raise MalformedFrame("rows frame without a bin 'data' entry")
+    layout = check_layout(frame.dtype, frame.shape)
+    rows = tensor_from_bytes(payload, layout)
+    if payload_checksum(payload) != frame.checksum:
+        raise ChecksumMismatch(f"rows [{frame.start}, {frame.start + frame.count}): payload checksum mismatch")
+    return DecodedFrame(frame, rows)
+
+
+@dataclass(frozen=True)
+class FrameLimits:
+    """Receiver limits. Nothing is allocated from a size the peer declares beyond these."""
+
+    max_header_bytes: int = 1 << 20
+    max_payload_bytes: int = 256 << 20
+
+
+class FrameSink(Protocol):
+    """Where a ``FrameReader`` delivers frames, in stream order."""
+
+    def land(self, frame: RowsFrame, layout: TensorLayout) -> memoryview:
+        """Writable memory for this rows frame's payload (exactly ``layout.nbytes``), or raise."""
+
+    def accept(self, frame: Frame) -> None:
+        """A complete frame (a rows frame once its payload has landed)."""
+
+
+class FrameReader:
+    """Push parser: ``feed`` chunks of a frame stream; frames go to the sink as they complete.
+
+    Rows payloads are copied from the chunks directly into the memory ``sink.land`` returns.
+    Header bytes are buffered up to ``limits.max_header_bytes``; a payload is never buffered.
+    """
+
+    def __init__(self, sink: FrameSink, limits: FrameLimits = FrameLimits()) -> None:
+        self._sink = sink
+        self._limits = limits
+        self._pending = bytearray()
+        self._rows: RowsFrame | None = None
+        self._dest: memoryview | None = None
+        self._hasher = PayloadHasher()
+        self._filled = 0
+        self.bytes_received = 0
+        self.frames = 0
+
+    @property
+    def idle(self) -> bool:
+        """True between frames: a stream may end here without losing anything."""
+        return not self._pending and self._dest is None
+
+    def feed(self, chunk: Buffer) -> None:
+        view = memoryview(chunk).cast("B")
+        self.bytes_received += view.nbytes
+        while view.nbytes:
+            if self._dest is not None:
+                view = self._fill(view)
+                continue
+            # Move a growing probe of bytes into the header buffer, never a whole payload.
+            take = min(view.nbytes, max(4096, len(self._pending)))
+            self._pending += view[:take]
+            parsed = self._parse_header()
+            if parsed is None:
+                if len(self._pending) > self._limits.max_header_bytes:
+                    raise FrameTooLarge(f"frame header over {self._limits.max_header_bytes} bytes")
+                view = view[take:]
+                continue
+            frame, consumed = parsed
+            # Bytes of the probe past the header are payload or the next frame: re-read them
+            # from the caller's chunk rather than from the copy.
+            unused = len(self._pending) - consumed
+            self._pending.clear()
+            view = view[take - unused :]
+            if self._dest is None:
+                self._deliver(frame)
+
+    def finish(self) -> None:
+        """The stream ended: fine between frames, an error inside one."""
+        if not self.idle:
+            raise IncompleteStream("stream ended inside a frame")
+
+    def _deliver(self, frame: Frame) -> None:
+        self.frames += 1
+        self._sink.accept(frame)
+
+    def _fill(self, view: memoryview) -> memoryview:
+        assert self._dest is not None and self._rows is not None
+        take = min(view.nbytes, self._dest.nbytes - self._filled)
+        # Copy and hash in cache-sized slices so the hash reads what the copy just brought in.
+        for at in range(0, take, _LANDING_SLICE):
+            piece = view[at : min(at + _LANDING_SLICE, take)]
+            self._dest[self._filled : self._filled + piece.nbytes] = piece
+            self._hasher.update(piece)
+            self._filled += piece.nbytes
+        if self._filled == self._dest.nbytes:
+            frame = self._rows
+            digest = self._hasher.hexdigest()
+            self._rows, self._dest, self._filled, self._hasher = None, None, 0, PayloadHasher()
+            if digest != frame.checksum:
+                raise ChecksumMismatch(f"rows [{frame.start}, {frame.start + frame.count}): payload checksum mismatch")
+            self._deliver(frame)
+        return view[take:]
+
+    def _parse_header(self) -> tuple[Frame, int] | None:
+        """Parse the frame at the head of ``_pending``; None if more bytes are needed.
+
+        For a rows frame this stops at the ``data`` bin header, sets up landing, and returns
+        the offset where the payload starts.
+        """
+        unpacker = msgpack.Unpacker(
+            raw=False,
+            strict_map_key=True,
+            max_buffer_size=max(len(self._pending), 1),
+            # Limits on declared lengths, so a lying header cannot make msgpack allocate.
+            max_str_len=self._limits.max_header_bytes,
+            max_array_len=self._limits.max_header_bytes,
+            max_map_len=1024,
+            max_bin_len=0,  # the only bin allowed is 'data', which is parsed by hand below
+            max_ext_len=0,
+        )
+        unpacker.feed(self._pending)
+        try:
+            count = unpacker.read_map_header()
+            header: dict = {}
+            for index in range(count):
+                key = unpacker.unpack()
+                if key == DATA_KEY:
+                    if index != count - 1:
+                        raise MalformedFrame("'data' must be the last entry of a rows frame")
+                    return self._start_payload(header, unpacker.tell())
+                header[key] = unpacker.unpack()
+        except msgpack.OutOfData:
+            return None
+        except HandoffError:
+            raise
+        except Exception as exc:  # msgpack raises ValueError/TypeError/StackError and more
+            raise MalformedFrame(f"not a msgpack frame map: {exc}") from None
+        return frame_from_header(header), unpacker.tell()
+
+    def _start_payload(self, header: dict, at: int) -> tuple[Frame, int] | None:
+        head = bytes(self._pending[at : at + 5])
+        if not head:
+            return None
+        sizes = {0xC4: 1, 0xC5: 2, 0xC6: 4}
+        width = sizes.get(head[0])
+        if width is None:
+            raise MalformedFrame("'data' must be a msgpack bin")
+        if len(head) < 1 + width:
+            return None
+        length = int.from_bytes(head[1 : 1 + width], "big")
+        frame = frame_from_header(header)
+        if not isinstance(frame, RowsFrame):
+            raise MalformedFrame(f"a {frame.kind} frame carries no data")
+        if length > self._limits.max_payload_bytes:
+            raise FrameTooLarge(f"payload of {length} bytes over the limit {self._limits.max_payload_bytes}")
+        layout = check_layout(frame.dtype, frame.shape)
+        if layout.nbytes != length:
+            raise ShapeMismatch(f"{length} payload bytes do not hold shape {frame.shape} of {frame.dtype}")
+        dest = self._sink.land(frame, layout)
+        if dest.nbytes != length:
+            raise ValueError("land() returned a destination of the wrong size")
+        if length:
+            self._rows, self._dest, self._filled = frame, dest, 0
+        elif payload_checksum(b"") != frame.checksum:
+            raise ChecksumMismatch("empty rows frame with a wrong checksum")
+        return frame, at + 1 + width

@@ -1,0 +1,5 @@
+"""Types shared by the codec modules."""
+
+from __future__ import annotations
+
+Buffer = bytes | bytearray | memoryview

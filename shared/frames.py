@@ -1,0 +1,138 @@
+"""The frames of one AR→DiT handoff, as typed models. HANDOFF_SPEC.md is the prose version.
+
+A handoff is ``open``, then ``rows`` frames (any order, any split), then ``close`` — or ``abort``
+at any point. Each frame is one msgpack map; the raw row bytes of a ``rows`` frame travel in its
+``data`` entry, which is not part of the models below (the codec handles it, see frame_codec.py).
+
+Receivers ignore map keys they do not know, so adding an optional field is not a breaking change;
+anything else bumps ``SCHEMA_VERSION``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from shared.errors import MalformedFrame, UnknownFrameKind, UnsupportedSchemaVersion
+
+SCHEMA_VERSION = 1
+
+StreamName = Literal["cond", "uncond"]
+OutputFormat = Literal["png", "jpeg", "webp"]
+NonNegInt = Annotated[int, Field(ge=0)]
+PosInt = Annotated[int, Field(gt=0)]
+RequestId = Annotated[str, Field(min_length=1, max_length=128)]
+Checksum = Annotated[str, Field(pattern=r"^[0-9a-f]{16}$")]
+
+
+class _Model(BaseModel):
+    # strict: a float where an int belongs is an error, not a silent cast.
+    model_config = ConfigDict(frozen=True, strict=True, extra="ignore")
+
+
+class DiffusionParams(_Model):
+    """What the DiT is asked to render. Ranges the model cannot do are the DiT's to reject."""
+
+    width: PosInt
+    height: PosInt
+    num_inference_steps: PosInt
+    guidance_scale: float = Field(ge=0.0)
+    seed: NonNegInt
+    num_images: PosInt = 1
+    output_format: OutputFormat = "png"
+    output_compression: Annotated[int, Field(ge=0, le=100)] | None = None
+    partial_images: Annotated[int, Field(ge=0, le=3)] = 0
+
+
+class StreamSpec(_Model):
+    """One sequence of hidden rows: the conditional prompt, or the CFG negative prompt."""
+
+    prompt_tokens: NonNegInt
+    # Upper bound on rows (prompt + max generated - 1); the receiver allocates exactly this.
+    max_rows: NonNegInt
+
+
+class OpenFrame(_Model):
+    kind: Literal["open"] = "open"
+    v: int = SCHEMA_VERSION
+    request_id: RequestId
+    model: Annotated[str, Field(min_length=1, max_length=256)]
+    conditioning: Annotated[str, Field(min_length=1, max_length=64)]
+    dtype: str
+    hidden_size: PosInt
+    layer: int
+    final_norm: bool
+    # "cond" is required; "uncond" present means a CFG negative stream follows.
+    streams: dict[StreamName, StreamSpec]
+    diffusion: DiffusionParams
+
+
+class RowsFrame(_Model):
+    kind: Literal["rows"] = "rows"
+    v: int = SCHEMA_VERSION
+    request_id: RequestId
+    stream: StreamName
+    start: NonNegInt
+    count: NonNegInt
+    token_ids: list[NonNegInt]
+    dtype: str
+    shape: list[NonNegInt]
+    # xxh3-64 of this frame's payload (see checksum.py).
+    checksum: Checksum
+
+
+class StreamTotals(_Model):
+    rows: NonNegInt
+    # Every token of the sequence, prompt then generated. The last sampled token has no row,
+    # so len(token_ids) is rows or rows + 1.
+    token_ids: list[NonNegInt]
+    answer_start_index: NonNegInt
+    # xxh3-64 over the stream's frame checksums in row order (see checksum.py).
+    checksum: Checksum
+
+
+class CloseFrame(_Model):
+    kind: Literal["close"] = "close"
+    v: int = SCHEMA_VERSION
+    request_id: RequestId
+    streams: dict[StreamName, StreamTotals]
+    cached_tokens: NonNegInt
+    cache_creation_tokens: NonNegInt
+    # AR-side timings in seconds (e.g. "ttft", "ar_total"); informational.
+    timings: dict[str, float] = Field(default_factory=dict)
+
+
+class AbortFrame(_Model):
+    kind: Literal["abort"] = "abort"
+    v: int = SCHEMA_VERSION
+    request_id: RequestId
+    reason: Annotated[str, Field(max_length=1024)]
+
+
+Frame = Union[OpenFrame, RowsFrame, CloseFrame, AbortFrame]
+_BY_KIND: dict[str, type[_Model]] = {"open": OpenFrame, "rows": RowsFrame, "close": CloseFrame, "abort": AbortFrame}
+
+
+def frame_from_header(header: object) -> Frame:
+    """Validate a decoded msgpack map (without ``data``) into its frame model."""
+    if not isinstance(header, dict):
+        raise MalformedFrame(f"a frame is a msgpack map, got {type(header).__name__}")
+    version = header.get("v")
+    if version != SCHEMA_VERSION:
+        raise UnsupportedSchemaVersion(f"schema version {version!r} is not supported (this side speaks {SCHEMA_VERSION})")
+    kind = header.get("kind")
+    model = _BY_KIND.get(kind) if isinstance(kind, str) else None
+    if model is None:
+        raise UnknownFrameKind(f"unknown frame kind {kind!r}")
+    try:
+        return model.model_validate(header)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "frame"
+        raise MalformedFrame(f"{kind} frame: {where}: {first['msg']}") from None
+
+
+def frame_header(frame: Frame) -> dict:
+    """The msgpack map of a frame, ``data`` excluded. Keys in declaration order."""
+    return frame.model_dump(mode="python", exclude_none=True)

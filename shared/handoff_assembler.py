@@ -1,0 +1,236 @@
+"""Receiver side of the contract: frames in, one validated set of hidden rows out.
+
+``HandoffAssembler`` enforces every ordering and consistency rule of HANDOFF_SPEC.md. Row memory
+is allocated once, from the ``open`` frame, after checking the declared size against the caps;
+rows land by index (each frame's payload checksum is checked as it lands, by the reader);
+``close`` is accepted only when row counts, token ids and the stream checksums agree.
+``HandoffReceiver`` glues it to a ``FrameReader`` for a byte stream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from shared.errors import (
+    AllocationTooLarge,
+    ChecksumMismatch,
+    DtypeNotAllowed,
+    FrameAfterClose,
+    FrameOutOfOrder,
+    HandoffAborted,
+    IncompleteStream,
+    OverlappingRows,
+    RowCountMismatch,
+    RowsOutOfBounds,
+    ShapeMismatch,
+    TokenCountMismatch,
+)
+from shared.checksum import stream_checksum
+from shared.frame_codec import FrameLimits, FrameReader
+from shared.frame_types import Buffer
+from shared.row_buffer_pool import RowBufferPool
+from shared.frames import AbortFrame, CloseFrame, Frame, OpenFrame, RowsFrame, StreamTotals
+from shared.tensor_codec import ALLOWED_DTYPES, TensorLayout, byte_view, check_layout
+
+
+@dataclass(frozen=True)
+class AssemblyCaps:
+    """Hard caps checked against the ``open`` frame before anything is allocated."""
+
+    max_rows: int = 32768
+    max_hidden_size: int = 16384
+    max_bytes: int = 2 << 30
+
+
+@dataclass(frozen=True)
+class AssembledStream:
+    rows: torch.Tensor  # [rows, hidden], source dtype
+    token_ids: list[int]
+    answer_start_index: int
+
+
+@dataclass(frozen=True)
+class AssembledHandoff:
+    open: OpenFrame
+    close: CloseFrame
+    streams: dict[str, AssembledStream]
+
+
+class _StreamBuffer:
+    def __init__(self, max_rows: int, hidden: int, dtype: torch.dtype, pool: RowBufferPool | None) -> None:
+        nbytes = max_rows * hidden * dtype.itemsize
+        self.raw = pool.acquire(nbytes) if pool is not None else torch.empty(nbytes, dtype=torch.uint8)
+        self.rows = self.raw[:nbytes].view(dtype).reshape(max_rows, hidden)
+        self.bytes = byte_view(self.raw)[:nbytes]
+        self.row_bytes = hidden * dtype.itemsize
+        self.filled = bytearray(max_rows)
+        self.token_ids = [0] * max_rows
+        self.received = 0
+        self.frame_checksums: dict[int, str] = {}
+
+
+class HandoffAssembler:
+    """Validates and assembles one handoff.
+
+    With a ``pool``, row memory is borrowed from it: the tensors of ``result()`` stay valid until
+    ``release()``, which the consumer calls once it has taken what it needs.
+    """
+
+    def __init__(self, caps: AssemblyCaps = AssemblyCaps(), pool: RowBufferPool | None = None) -> None:
+        self._caps = caps
+        self._pool = pool
+        self.open: OpenFrame | None = None
+        self._streams: dict[str, _StreamBuffer] = {}
+        self._result: AssembledHandoff | None = None
+
+    @property
+    def complete(self) -> bool:
+        return self._result is not None
+
+    @property
+    def allocated_bytes(self) -> int:
+        return sum(s.raw.numel() for s in self._streams.values())
+
+    def result(self) -> AssembledHandoff:
+        if self._result is None:
+            raise IncompleteStream("the handoff has not been closed")
+        return self._result
+
+    def release(self) -> None:
+        """Give back the row memory (on failure, or once the consumer has taken what it needs)."""
+        if self._pool is not None:
+            for stream in self._streams.values():
+                self._pool.release(stream.raw)
+        self._streams.clear()
+        self._result = None
+
+    def accept(self, frame: Frame) -> None:
+        """Apply a frame without payload (a rows frame is applied by ``land``)."""
+        if self._result is not None:
+            raise FrameAfterClose(f"{frame.kind} frame after close")
+        if isinstance(frame, AbortFrame):
+            self.release()
+            raise HandoffAborted(f"sender aborted: {frame.reason}")
+        if isinstance(frame, OpenFrame):
+            self._open(frame)
+            return
+        if self.open is None:
+            raise FrameOutOfOrder(f"{frame.kind} frame before open")
+        if frame.request_id != self.open.request_id:
+            raise FrameOutOfOrder(f"frame for request {frame.request_id!r} in handoff {self.open.request_id!r}")
+        if isinstance(frame, CloseFrame):
+            self._close(frame)
+        elif isinstance(frame, RowsFrame):
+            # Landed and its payload checksum verified by the reader; keep it for close.
+            self._streams[frame.stream].frame_checksums[frame.start] = frame.checksum
+        else:  # pragma: no cover - Frame is a closed union
+            raise TypeError(type(frame))
+
+    def land(self, frame: RowsFrame, layout: TensorLayout) -> memoryview:
+        """Validate a rows frame and return the slice of the row buffer its payload fills."""
+        if self._result is not None:
+            raise FrameAfterClose("rows frame after close")
+        if self.open is None:
+            raise FrameOutOfOrder("rows frame before open")
+        if frame.request_id != self.open.request_id:
+            raise FrameOutOfOrder(f"frame for request {frame.request_id!r} in handoff {self.open.request_id!r}")
+        stream = self._streams.get(frame.stream)
+        if stream is None:
+            raise RowsOutOfBounds(f"stream {frame.stream!r} was not declared in open")
+        if frame.dtype != self.open.dtype:
+            raise DtypeNotAllowed(f"rows dtype {frame.dtype} differs from the handoff's {self.open.dtype}")
+        if layout.shape != (frame.count, self.open.hidden_size):
+            raise ShapeMismatch(f"shape {list(layout.shape)} is not [{frame.count}, {self.open.hidden_size}]")
+        if len(frame.token_ids) != frame.count:
+            raise TokenCountMismatch(f"{len(frame.token_ids)} token ids for {frame.count} rows")
+        end = frame.start + frame.count
+        if end > len(stream.filled):
+            raise RowsOutOfBounds(f"rows [{frame.start}, {end}) outside [0, {len(stream.filled)}) of {frame.stream}")
+        if any(stream.filled[frame.start : end]):
+            raise OverlappingRows(f"rows [{frame.start}, {end}) of {frame.stream} overlap rows already received")
+        stream.filled[frame.start : end] = b"\x01" * frame.count
+        stream.token_ids[frame.start : end] = frame.token_ids
+        stream.received += frame.count
+        return stream.bytes[frame.start * stream.row_bytes : end * stream.row_bytes]
+
+    def _open(self, frame: OpenFrame) -> None:
+        if self.open is not None:
+            raise FrameOutOfOrder("second open frame")
+        if frame.dtype not in ALLOWED_DTYPES:
+            check_layout(frame.dtype, [0])  # raises DtypeNotAllowed
+        if "cond" not in frame.streams:
+            raise RowsOutOfBounds("open must declare the 'cond' stream")
+        caps = self._caps
+        if frame.hidden_size > caps.max_hidden_size:
+            raise AllocationTooLarge(f"hidden size {frame.hidden_size} over the cap {caps.max_hidden_size}")
+        itemsize = ALLOWED_DTYPES[frame.dtype].itemsize
+        total = 0
+        for name, spec in frame.streams.items():
+            if spec.max_rows > caps.max_rows:
+                raise AllocationTooLarge(f"{name}: {spec.max_rows} rows over the cap {caps.max_rows}")
+            if spec.prompt_tokens > spec.max_rows + 1:
+                raise RowsOutOfBounds(f"{name}: prompt of {spec.prompt_tokens} tokens cannot fit {spec.max_rows} rows")
+            total += spec.max_rows * frame.hidden_size * itemsize
+        if total > caps.max_bytes:
+            raise AllocationTooLarge(f"{total} bytes of rows over the cap {caps.max_bytes}")
+        dtype = ALLOWED_DTYPES[frame.dtype]
+        self._streams = {
+            name: _StreamBuffer(spec.max_rows, frame.hidden_size, dtype, self._pool)
+            for name, spec in frame.streams.items()
+        }
+        self.open = frame
+
+    def _close(self, frame: CloseFrame) -> None:
+        if set(frame.streams) != set(self._streams):
+            raise RowCountMismatch(f"close lists streams {sorted(frame.streams)}, open declared {sorted(self._streams)}")
+        assembled = {}
+        for name, totals in frame.streams.items():
+            assembled[name] = self._close_stream(name, self._streams[name], totals)
+        self._result = AssembledHandoff(open=self.open, close=frame, streams=assembled)
+
+    @staticmethod
+    def _close_stream(name: str, stream: _StreamBuffer, totals: StreamTotals) -> AssembledStream:
+        n = totals.rows
+        if n > len(stream.filled) or stream.received != n or not all(stream.filled[:n]):
+            raise RowCountMismatch(f"{name}: close says {n} rows, {stream.received} arrived (or with gaps)")
+        if not n <= len(totals.token_ids) <= n + 1:
+            raise TokenCountMismatch(f"{name}: {len(totals.token_ids)} token ids for {n} rows (expected {n} or {n + 1})")
+        if stream.token_ids[:n] != totals.token_ids[:n]:
+            raise TokenCountMismatch(f"{name}: token ids in close differ from those of the rows frames")
+        if totals.answer_start_index > len(totals.token_ids):
+            raise TokenCountMismatch(f"{name}: answer_start_index {totals.answer_start_index} past the sequence")
+        if stream_checksum(stream.frame_checksums) != totals.checksum:
+            raise ChecksumMismatch(f"{name}: checksum of the received rows does not match close")
+        return AssembledStream(
+            rows=stream.rows[:n], token_ids=list(totals.token_ids), answer_start_index=totals.answer_start_index
+        )
+
+
+class HandoffReceiver:
+    """A byte stream in, an ``AssembledHandoff`` out. Any error leaves nothing allocated."""
+
+    def __init__(
+        self,
+        caps: AssemblyCaps = AssemblyCaps(),
+        limits: FrameLimits = FrameLimits(),
+        pool: RowBufferPool | None = None,
+    ) -> None:
+        self.assembler = HandoffAssembler(caps, pool)
+        self.reader = FrameReader(self.assembler, limits)
+
+    def feed(self, chunk: Buffer) -> None:
+        try:
+            self.reader.feed(chunk)
+        except Exception:
+            self.assembler.release()
+            raise
+
+    def finish(self) -> AssembledHandoff:
+        try:
+            self.reader.finish()
+            return self.assembler.result()
+        except Exception:
+            self.assembler.release()
+            raise

@@ -1,0 +1,88 @@
+"""Sender side of the contract: one object per handoff that turns rows into wire buffers.
+
+It keeps what ``close`` must report (row counts and frame checksums per stream), splits large
+row blocks so no frame exceeds the receiver's payload limit, and never copies row bytes: every
+``rows`` call returns the tensor's own memory as one of the buffers.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from shared.checksum import stream_checksum
+from shared.frame_codec import encode_frame, encode_rows
+from shared.frame_types import Buffer
+from shared.frames import AbortFrame, CloseFrame, OpenFrame, StreamName, StreamTotals
+from shared.tensor_codec import wire_dtype
+
+DEFAULT_MAX_FRAME_PAYLOAD = 16 << 20
+
+
+class HandoffEncoder:
+    def __init__(self, open_frame: OpenFrame, max_frame_payload: int = DEFAULT_MAX_FRAME_PAYLOAD) -> None:
+        self.open = open_frame
+        self._max_payload = max_frame_payload
+        self._frame_checksums: dict[str, dict[int, str]] = {name: {} for name in open_frame.streams}
+        self._rows_sent = {name: 0 for name in open_frame.streams}
+        self.bytes_encoded = 0
+        self.frames_encoded = 0
+
+    def rows_sent(self, stream: str) -> int:
+        return self._rows_sent[stream]
+
+    def open_frame(self) -> list[Buffer]:
+        return self._count([encode_frame(self.open)])
+
+    def rows(self, stream: StreamName, start: int, token_ids: list[int], rows: torch.Tensor) -> list[Buffer]:
+        """Frames for ``rows`` (a host tensor [n, hidden]) starting at row ``start``."""
+        if rows.dim() != 2 or rows.shape[1] != self.open.hidden_size or rows.shape[0] != len(token_ids):
+            raise ValueError(f"rows {tuple(rows.shape)} do not match hidden {self.open.hidden_size} / {len(token_ids)} ids")
+        dtype = wire_dtype(rows.dtype)
+        if dtype != self.open.dtype:
+            raise ValueError(f"rows are {dtype}, the handoff was opened as {self.open.dtype}")
+        rows = rows.contiguous()
+        per_frame = max(1, self._max_payload // max(1, rows.shape[1] * rows.element_size()))
+        buffers: list[Buffer] = []
+        for offset in range(0, rows.shape[0], per_frame):
+            block = rows[offset : offset + per_frame]
+            frame, wire = encode_rows(
+                self.open.request_id, stream, start + offset, token_ids[offset : offset + block.shape[0]], block
+            )
+            self._frame_checksums[stream][frame.start] = frame.checksum
+            self._rows_sent[stream] += frame.count
+            buffers += wire
+        return self._count(buffers)
+
+    def close(
+        self,
+        token_ids: dict[str, list[int]],
+        answer_start_index: dict[str, int],
+        cached_tokens: int,
+        cache_creation_tokens: int,
+        timings: dict[str, float] | None = None,
+    ) -> list[Buffer]:
+        streams = {
+            name: StreamTotals(
+                rows=self._rows_sent[name],
+                token_ids=token_ids[name],
+                answer_start_index=answer_start_index[name],
+                checksum=stream_checksum(checksums),
+            )
+            for name, checksums in self._frame_checksums.items()
+        }
+        frame = CloseFrame(
+            request_id=self.open.request_id,
+            streams=streams,
+            cached_tokens=cached_tokens,
+            cache_creation_tokens=cache_creation_tokens,
+            timings=timings or {},
+        )
+        return self._count([encode_frame(frame)])
+
+    def abort(self, reason: str) -> list[Buffer]:
+        return self._count([encode_frame(AbortFrame(request_id=self.open.request_id, reason=reason[:1024]))])
+
+    def _count(self, buffers: list[Buffer]) -> list[Buffer]:
+        self.frames_encoded += sum(1 for b in buffers if not isinstance(b, memoryview))
+        self.bytes_encoded += sum(memoryview(b).nbytes for b in buffers)
+        return buffers

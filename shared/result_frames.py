@@ -1,0 +1,98 @@
+"""The DiT's answer on the same HTTP exchange: a stream of msgpack maps, as the handoff is.
+
+``partial_image`` frames (previews, optional) come first, then one ``image`` frame per rendered
+image, then ``done`` with the DiT's stage timings. An ``error`` frame ends the stream early when
+something fails after the response has started (before that, the DiT answers a plain 4xx/5xx).
+Images are encoded files (PNG/JPEG/WebP) in a msgpack ``bin``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated, Literal, Union
+
+import msgpack
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from shared.errors import MalformedFrame, UnknownFrameKind
+from shared.frames import NonNegInt, OutputFormat, RequestId
+
+RESULT_MEDIA_TYPE = "application/vnd.ardit.result+msgpack"
+HANDOFF_MEDIA_TYPE = "application/vnd.ardit.handoff+msgpack"
+
+
+class _Result(BaseModel):
+    model_config = ConfigDict(frozen=True, strict=True, extra="ignore")
+
+
+class PartialImageFrame(_Result):
+    kind: Literal["partial_image"] = "partial_image"
+    request_id: RequestId
+    image_index: NonNegInt
+    partial_image_index: NonNegInt
+    step: NonNegInt
+    output_format: OutputFormat
+    data: bytes
+
+
+class ImageFrame(_Result):
+    kind: Literal["image"] = "image"
+    request_id: RequestId
+    image_index: NonNegInt
+    seed: NonNegInt
+    width: Annotated[int, Field(gt=0)]
+    height: Annotated[int, Field(gt=0)]
+    output_format: OutputFormat
+    data: bytes
+
+
+class DoneFrame(_Result):
+    kind: Literal["done"] = "done"
+    request_id: RequestId
+    # DiT stage timings in seconds: queue, denoise, vae_decode, encode, total (and handoff).
+    timings: dict[str, float] = Field(default_factory=dict)
+
+
+class ErrorFrame(_Result):
+    kind: Literal["error"] = "error"
+    request_id: RequestId
+    status: int
+    code: str
+    message: str
+
+
+ResultFrame = Union[PartialImageFrame, ImageFrame, DoneFrame, ErrorFrame]
+_BY_KIND: dict[str, type[_Result]] = {
+    "partial_image": PartialImageFrame,
+    "image": ImageFrame,
+    "done": DoneFrame,
+    "error": ErrorFrame,
+}
+
+
+def encode_result(frame: ResultFrame) -> bytes:
+    return msgpack.packb(frame.model_dump(mode="python"), use_bin_type=True)
+
+
+def result_from_map(obj: object) -> ResultFrame:
+    if not isinstance(obj, dict):
+        raise MalformedFrame("a result frame is a msgpack map")
+    model = _BY_KIND.get(obj.get("kind")) if isinstance(obj.get("kind"), str) else None
+    if model is None:
+        raise UnknownFrameKind(f"unknown result frame kind {obj.get('kind')!r}")
+    try:
+        return model.model_validate(obj)
+    except ValidationError as exc:
+        raise MalformedFrame(f"{obj.get('kind')} frame: {exc.errors()[0]['msg']}") from None
+
+
+class ResultReader:
+    """Incremental decoder for the result stream (images are small; plain msgpack suffices)."""
+
+    def __init__(self, max_frame_bytes: int = 256 << 20) -> None:
+        self._unpacker = msgpack.Unpacker(raw=False, strict_map_key=True, max_buffer_size=max_frame_bytes)
+
+    def feed(self, chunk: bytes) -> Iterator[ResultFrame]:
+        self._unpacker.feed(chunk)
+        for obj in self._unpacker:
+            yield result_from_map(obj)

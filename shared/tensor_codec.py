@@ -1,0 +1,105 @@
+"""Raw-bytes tensor codec: a tensor travels as its own C-contiguous memory plus dtype and shape.
+
+Byte order on the wire is little-endian, always. Every host ardit runs on (x86-64, aarch64,
+CUDA devices) is little-endian, so encoding and decoding are plain memory views with no byte swap;
+a big-endian host is refused rather than silently producing a different format.
+
+No widening (BF16 stays 2 bytes a value), no base64, no pickle.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import torch
+
+from shared.errors import DtypeNotAllowed, ShapeMismatch
+
+if sys.byteorder != "little":  # pragma: no cover - no such host in use
+    raise ImportError("ardit's wire format is little-endian; this host is big-endian")
+
+WIRE_BYTE_ORDER = "little"
+
+# The allow-list. Wire names are numpy/PyTorch spellings so any language can map them.
+ALLOWED_DTYPES: dict[str, torch.dtype] = {
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float32": torch.float32,
+}
+_WIRE_NAMES = {dtype: name for name, dtype in ALLOWED_DTYPES.items()}
+
+
+@dataclass(frozen=True)
+class TensorLayout:
+    """What the header says about a tensor: enough to check a payload before touching it."""
+
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return ALLOWED_DTYPES[self.dtype]
+
+    @property
+    def itemsize(self) -> int:
+        return self.torch_dtype.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        n = self.itemsize
+        for dim in self.shape:
+            n *= dim
+        return n
+
+
+def wire_dtype(dtype: torch.dtype) -> str:
+    """The wire name of a torch dtype, or ``DtypeNotAllowed``."""
+    try:
+        return _WIRE_NAMES[dtype]
+    except KeyError:
+        raise DtypeNotAllowed(f"dtype {dtype} is not on the allow-list {sorted(ALLOWED_DTYPES)}") from None
+
+
+def check_layout(dtype: object, shape: object) -> TensorLayout:
+    """Validate an untrusted dtype/shape pair from a header."""
+    if not isinstance(dtype, str) or dtype not in ALLOWED_DTYPES:
+        raise DtypeNotAllowed(f"dtype {dtype!r} is not on the allow-list {sorted(ALLOWED_DTYPES)}")
+    if (
+        not isinstance(shape, (list, tuple))
+        or not shape
+        or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+    ):
+        raise ShapeMismatch(f"shape must be a non-empty list of non-negative ints, got {shape!r}")
+    return TensorLayout(dtype=dtype, shape=tuple(shape))
+
+
+def tensor_bytes(tensor: torch.Tensor) -> memoryview:
+    """The tensor's own memory as a flat byte view: no copy for a contiguous CPU tensor.
+
+    A CUDA tensor must be copied to host first (the AR connector does that on a side stream);
+    a non-contiguous tensor is made contiguous, which is the only copy this function can make.
+    """
+    if tensor.device.type != "cpu":
+        raise ValueError("tensor_bytes needs a host tensor; copy device tensors to (pinned) host memory first")
+    wire_dtype(tensor.dtype)
+    flat = tensor.contiguous().reshape(-1).view(torch.uint8)
+    return memoryview(flat.numpy()).cast("B")
+
+
+def tensor_from_bytes(data: bytes | bytearray | memoryview, layout: TensorLayout) -> torch.Tensor:
+    """Build a tensor from received bytes (the plain path for tools; it copies once)."""
+    view = memoryview(data).cast("B")
+    if view.nbytes != layout.nbytes:
+        raise ShapeMismatch(f"{view.nbytes} bytes do not hold shape {list(layout.shape)} of {layout.dtype}")
+    if layout.nbytes == 0:
+        return torch.empty(layout.shape, dtype=layout.torch_dtype)
+    # bytearray(...) makes the result writable and independent of the caller's buffer.
+    return torch.frombuffer(bytearray(view), dtype=layout.torch_dtype).reshape(layout.shape)
+
+
+def byte_view(tensor: torch.Tensor) -> memoryview:
+    """A writable flat byte view of a contiguous host tensor, for landing received bytes in place."""
+    if not tensor.is_contiguous() or tensor.device.type != "cpu":
+        raise ValueError("landing buffers must be contiguous host tensors")
+    return memoryview(tensor.reshape(-1).view(torch.uint8).numpy()).cast("B")

@@ -1,0 +1,44 @@
+from __future__ import annotations
+
+import msgpack
+import pytest
+import torch
+
+from shared.frames import DiffusionParams, OpenFrame, StreamSpec
+from shared.handoff_encoder import HandoffEncoder
+
+
+def make_open(dtype: str = "bfloat16", hidden: int = 8, max_rows: int = 10, prompt: int = 6, uncond: bool = False) -> OpenFrame:
+    streams = {"cond": StreamSpec(prompt_tokens=prompt, max_rows=max_rows)}
+    if uncond:
+        streams["uncond"] = StreamSpec(prompt_tokens=prompt, max_rows=max_rows)
+    return OpenFrame(
+        request_id="req_test",
+        model="test-model",
+        conditioning="qwen_image",
+        dtype=dtype,
+        hidden_size=hidden,
+        layer=30,
+        final_norm=True,
+        streams=streams,
+        diffusion=DiffusionParams(width=64, height=64, num_inference_steps=2, guidance_scale=1.0, seed=0),
+    )
+
+
+def join(buffers) -> bytes:
+    return b"".join(bytes(b) for b in buffers)
+
+
+def raw(frame: dict) -> bytes:
+    """A hand-made frame, for shapes the typed encoder refuses to produce."""
+    return msgpack.packb(frame, use_bin_type=True)
+
+
+@pytest.fixture
+def encoder() -> HandoffEncoder:
+    return HandoffEncoder(make_open())
+
+
+@pytest.fixture
+def rows() -> torch.Tensor:
+    return torch.randn(7, 8, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)

@@ -1,0 +1,78 @@
+"""The golden handoff: a small fixed stream whose bytes are committed under golden/.
+
+The test re-encodes these frames and compares byte for byte, so any change to the wire format
+shows up as a failing test. Regenerate only on purpose (a schema change), with:
+
+    python -m tests.contract.golden_frames --write
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from shared.frame_codec import Buffer
+from shared.frames import DiffusionParams, OpenFrame, StreamSpec
+from shared.handoff_encoder import HandoffEncoder
+
+GOLDEN_DIR = Path(__file__).parent / "golden"
+HIDDEN = 4
+
+
+def golden_rows(dtype: torch.dtype, n: int, offset: int = 0) -> torch.Tensor:
+    # Exactly representable values (multiples of 1/8 below 8): identical in every dtype.
+    values = (torch.arange(n * HIDDEN, dtype=torch.float32) + offset).remainder(61) / 8 - 3.5
+    return values.reshape(n, HIDDEN).to(dtype)
+
+
+def golden_stream(dtype: torch.dtype) -> list[list[Buffer]]:
+    """open, rows (cond, 2 frames), rows (uncond), close — one list of buffers per frame group."""
+    wire = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}[dtype]
+    open_frame = OpenFrame(
+        request_id="req_golden",
+        model="smollm2-135m-instruct",
+        conditioning="qwen_image",
+        dtype=wire,
+        hidden_size=HIDDEN,
+        layer=30,
+        final_norm=True,
+        streams={"cond": StreamSpec(prompt_tokens=3, max_rows=4), "uncond": StreamSpec(prompt_tokens=2, max_rows=2)},
+        diffusion=DiffusionParams(width=64, height=48, num_inference_steps=4, guidance_scale=4.0, seed=7),
+    )
+    enc = HandoffEncoder(open_frame)
+    cond = golden_rows(dtype, 4)
+    uncond = golden_rows(dtype, 2, offset=100)
+    return [
+        enc.open_frame(),
+        enc.rows("cond", 0, [11, 12, 13], cond[:3]),
+        enc.rows("cond", 3, [14], cond[3:]),
+        enc.rows("uncond", 0, [21, 22], uncond),
+        enc.close(
+            token_ids={"cond": [11, 12, 13, 14, 15], "uncond": [21, 22, 23]},
+            answer_start_index={"cond": 3, "uncond": 2},
+            cached_tokens=0,
+            cache_creation_tokens=3,
+            timings={"ttft": 0.25, "ar_total": 0.5},
+        ),
+    ]
+
+
+def golden_bytes(dtype: torch.dtype) -> bytes:
+    return b"".join(bytes(buf) for group in golden_stream(dtype) for buf in group)
+
+
+def golden_path(dtype: torch.dtype) -> Path:
+    return GOLDEN_DIR / f"handoff_{str(dtype).removeprefix('torch.')}.msgpack"
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--write", action="store_true", help="overwrite the committed golden files")
+    args = parser.parse_args()
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        data = golden_bytes(dtype)
+        if args.write:
+            golden_path(dtype).write_bytes(data)
+        print(golden_path(dtype).name, len(data), "bytes")

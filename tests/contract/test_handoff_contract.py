@@ -1,0 +1,302 @@
+"""The AR→DiT wire contract: golden bytes, round trips, and every rejection with its typed error."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+import torch
+
+from shared import errors
+from shared.frame_codec import FrameLimits, decode_frame, encode_rows
+from shared.frames import SCHEMA_VERSION
+from shared.checksum import payload_checksum, stream_checksum
+from shared.handoff_assembler import AssemblyCaps, HandoffReceiver
+from shared.handoff_encoder import HandoffEncoder
+from shared.tensor_codec import tensor_bytes
+from tests.contract.conftest import join, make_open, raw
+from tests.contract.golden_frames import HIDDEN, golden_bytes, golden_path, golden_rows
+
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+
+
+def receive(data: bytes, chunk: int = 1 << 20, **kwargs):
+    receiver = HandoffReceiver(**kwargs)
+    for i in range(0, len(data), chunk):
+        receiver.feed(data[i : i + chunk])
+    return receiver.finish()
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view({2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+# --- golden vectors ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_encoder_reproduces_golden_bytes(dtype):
+    assert golden_bytes(dtype) == golden_path(dtype).read_bytes()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_golden_decodes_with_generic_msgpack(dtype):
+    """No ardit code: a stock streaming msgpack decoder sees five self-describing maps."""
+    unpacker = msgpack.Unpacker(raw=False)
+    unpacker.feed(golden_path(dtype).read_bytes())
+    frames = list(unpacker)
+    assert [f["kind"] for f in frames] == ["open", "rows", "rows", "rows", "close"]
+    assert all(f["v"] == SCHEMA_VERSION for f in frames)
+    first = frames[1]
+    assert first["shape"] == [3, HIDDEN] and first["token_ids"] == [11, 12, 13]
+    assert first["data"] == bytes(tensor_bytes(golden_rows(dtype, 3)))
+    assert len(first["data"]) == 3 * HIDDEN * dtype.itemsize
+    cond = golden_rows(dtype, 4)
+    assert first["checksum"] == payload_checksum(first["data"])
+    frame_sums = {0: payload_checksum(tensor_bytes(cond[:3])), 3: payload_checksum(tensor_bytes(cond[3:]))}
+    assert frames[4]["streams"]["cond"]["checksum"] == stream_checksum(frame_sums)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_golden_assembles(dtype):
+    handoff = receive(golden_path(dtype).read_bytes(), chunk=5)
+    assert torch.equal(bits(handoff.streams["cond"].rows), bits(golden_rows(dtype, 4)))
+    assert torch.equal(bits(handoff.streams["uncond"].rows), bits(golden_rows(dtype, 2, offset=100)))
+    assert handoff.streams["cond"].token_ids == [11, 12, 13, 14, 15]
+    assert handoff.streams["cond"].answer_start_index == 3
+    assert handoff.close.cache_creation_tokens == 3
+
+
+# --- round trips ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("chunk", [1, 13, 4096, 1 << 20])
+def test_round_trip_every_dtype_and_chunking(dtype, chunk):
+    rows = (torch.randn(9, 8, generator=torch.Generator().manual_seed(1)) * 100).to(dtype)
+    name = str(dtype).removeprefix("torch.")
+    enc = HandoffEncoder(make_open(dtype=name), max_frame_payload=40)
+    wire = join(
+        enc.open_frame()
+        + enc.rows("cond", 0, list(range(6)), rows[:6])
+        + enc.rows("cond", 6, [6, 7, 8], rows[6:])
+        + enc.close({"cond": list(range(10))}, {"cond": 6}, cached_tokens=0, cache_creation_tokens=6)
+    )
+    handoff = receive(wire, chunk=chunk)
+    got = handoff.streams["cond"].rows
+    assert got.dtype == dtype and got.shape == (9, 8)
+    assert torch.equal(bits(got), bits(rows))
+
+
+def test_bf16_special_values_are_bit_exact():
+    # +0, -0, +inf, -inf, a NaN payload, the smallest subnormal, the largest finite, 1.0
+    words = [0x0000, 0x8000, 0x7F80, 0xFF80, 0x7FC1, 0x0001, 0x7F7F, 0x3F80]
+    patterns = torch.tensor([w - 0x10000 if w >= 0x8000 else w for w in words], dtype=torch.int16)
+    rows = patterns.view(torch.bfloat16).reshape(1, 8)
+    enc = HandoffEncoder(make_open(max_rows=1, prompt=1))
+    wire = join(enc.open_frame() + enc.rows("cond", 0, [5], rows) + enc.close({"cond": [5, 6]}, {"cond": 1}, 0, 1))
+    assert torch.equal(receive(wire).streams["cond"].rows.view(torch.int16), patterns.reshape(1, 8))
+
+
+def test_plain_decode_path_matches():
+    rows = golden_rows(torch.bfloat16, 3)
+    frame, wire = encode_rows("r", "cond", 0, [1, 2, 3], rows)
+    decoded = decode_frame(join(wire))
+    assert decoded.frame == frame
+    assert torch.equal(bits(decoded.rows), bits(rows))
+
+
+def test_plain_decode_path_checks_the_payload():
+    _, wire = encode_rows("r", "cond", 0, [1, 2, 3], golden_rows(torch.bfloat16, 3))
+    data = bytearray(join(wire))
+    data[-1] ^= 0x40
+    with pytest.raises(errors.ChecksumMismatch):
+        decode_frame(bytes(data))
+
+
+def test_encoder_payload_is_the_tensor_memory_itself():
+    rows = golden_rows(torch.bfloat16, 3)
+    _, (prefix, payload) = encode_rows("r", "cond", 0, [1, 2, 3], rows)
+    assert isinstance(payload, memoryview) and payload.nbytes == rows.nbytes
+    rows[0, 0] = 42.0  # the buffer aliases the tensor: no copy was made
+    assert bytes(payload[:2]) == bytes(tensor_bytes(rows[:1, :1]))
+    assert prefix[-5] == 0xC6 and int.from_bytes(prefix[-4:], "big") == rows.nbytes
+
+
+def test_rows_land_by_index_out_of_order(encoder, rows):
+    enc = encoder
+    groups = [enc.rows("cond", 0, [0, 1, 2], rows[:3]), enc.rows("cond", 3, [3, 4, 5, 6], rows[3:])]
+    close = enc.close({"cond": list(range(8))}, {"cond": 6}, 0, 6)
+    wire = join(enc.open_frame() + groups[1] + groups[0] + close)
+    assert torch.equal(bits(receive(wire).streams["cond"].rows), bits(rows))
+
+
+# --- rejections -------------------------------------------------------------------------------
+
+
+def sent(encoder, rows) -> bytes:
+    """open + all seven rows, through ``encoder`` (so its close reports them)."""
+    return join(encoder.open_frame() + encoder.rows("cond", 0, list(range(7)), rows))
+
+
+def expect(error: type[errors.HandoffError], data: bytes, **kwargs) -> errors.HandoffError:
+    receiver = HandoffReceiver(**kwargs)
+    with pytest.raises(error) as info:
+        receiver.feed(data)
+        receiver.finish()
+    assert receiver.assembler.allocated_bytes == 0  # nothing stays allocated after a rejection
+    return info.value
+
+
+def good_close(encoder) -> bytes:
+    return join(encoder.close({"cond": list(range(8))}, {"cond": 6}, 0, 6))
+
+
+def test_reject_unknown_schema_version():
+    bad = make_open().model_dump() | {"v": SCHEMA_VERSION + 1}
+    expect(errors.UnsupportedSchemaVersion, raw(bad))
+
+
+def test_reject_unknown_kind():
+    expect(errors.UnknownFrameKind, raw({"v": SCHEMA_VERSION, "kind": "rowz", "request_id": "x"}))
+
+
+def test_reject_dtype_not_on_allow_list():
+    bad = make_open().model_dump() | {"dtype": "float64"}
+    expect(errors.DtypeNotAllowed, raw(bad))
+
+
+def test_reject_rows_dtype_not_on_allow_list(encoder):
+    header = {"v": 1, "kind": "rows", "request_id": "req_test", "stream": "cond", "start": 0, "count": 1,
+              "token_ids": [1], "dtype": "int8", "shape": [1, 8], "checksum": payload_checksum(b"\0" * 8), "data": b"\0" * 8}
+    expect(errors.DtypeNotAllowed, join(encoder.open_frame()) + raw(header))
+
+
+def test_reject_shape_byte_length_mismatch(encoder):
+    header = {"v": 1, "kind": "rows", "request_id": "req_test", "stream": "cond", "start": 0, "count": 2,
+              "token_ids": [1, 2], "dtype": "bfloat16", "shape": [2, 8], "checksum": "0" * 16, "data": b"\0" * 30}
+    expect(errors.ShapeMismatch, join(encoder.open_frame()) + raw(header))
+
+
+def test_reject_shape_not_matching_hidden_size(encoder):
+    header = {"v": 1, "kind": "rows", "request_id": "req_test", "stream": "cond", "start": 0, "count": 2,
+              "token_ids": [1, 2], "dtype": "bfloat16", "shape": [4, 4], "checksum": payload_checksum(b"\0" * 32), "data": b"\0" * 32}
+    expect(errors.ShapeMismatch, join(encoder.open_frame()) + raw(header))
+
+
+def test_reject_rows_outside_declared_bound(encoder):
+    past_end = torch.zeros(4, 8, dtype=torch.bfloat16)  # rows [8, 12) of a stream with max_rows=10
+    expect(errors.RowsOutOfBounds, join(encoder.open_frame()) + rows_frame(8, past_end))
+
+
+def rows_frame(start: int, rows: torch.Tensor, stream: str = "cond") -> bytes:
+    _, wire = encode_rows("req_test", stream, start, list(range(start, start + rows.shape[0])), rows)
+    return join(wire)
+
+
+def test_reject_undeclared_stream(encoder, rows):
+    expect(errors.RowsOutOfBounds, join(encoder.open_frame()) + rows_frame(0, rows[:1], stream="uncond"))
+
+
+def test_reject_duplicate_rows(encoder, rows):
+    expect(errors.OverlappingRows, sent(encoder, rows) + rows_frame(0, rows[:2]))
+
+
+def test_reject_overlapping_rows(encoder, rows):
+    first = join(encoder.open_frame()) + rows_frame(0, rows[:4])
+    expect(errors.OverlappingRows, first + rows_frame(3, rows[3:5]))
+
+
+def test_reject_token_id_count_in_rows_frame(encoder, rows):
+    header = {"v": 1, "kind": "rows", "request_id": "req_test", "stream": "cond", "start": 0, "count": 2,
+              "token_ids": [1], "dtype": "bfloat16", "shape": [2, 8], "checksum": payload_checksum(b"\0" * 32),
+              "data": b"\0" * 32}
+    expect(errors.TokenCountMismatch, join(encoder.open_frame()) + raw(header))
+
+
+def test_reject_close_token_ids_disagreeing_with_rows(encoder, rows):
+    wire = sent(encoder, rows)
+    expect(errors.TokenCountMismatch, wire + join(encoder.close({"cond": [9] * 8}, {"cond": 6}, 0, 6)))
+
+
+def test_reject_close_token_count(encoder, rows):
+    wire = sent(encoder, rows)
+    expect(errors.TokenCountMismatch, wire + join(encoder.close({"cond": list(range(3))}, {"cond": 2}, 0, 6)))
+
+
+def test_reject_missing_rows_at_close(encoder, rows):
+    partial = join(encoder.open_frame() + encoder.rows("cond", 0, list(range(5)), rows[:5]))
+    close = msgpack.unpackb(good_close(encoder))
+    close["streams"]["cond"]["rows"] = 7
+    expect(errors.RowCountMismatch, partial + raw(close))
+
+
+def test_reject_checksum_mismatch(encoder, rows):
+    wire = sent(encoder, rows)
+    close = msgpack.unpackb(good_close(encoder))
+    close["streams"]["cond"]["checksum"] = "0" * 16
+    expect(errors.ChecksumMismatch, wire + raw(close))
+
+
+def test_reject_corrupted_row_bytes(encoder, rows):
+    wire = bytearray(sent(encoder, rows) + good_close(encoder))
+    wire[wire.index(b"data") + 10] ^= 0x01
+    expect(errors.ChecksumMismatch, bytes(wire))
+
+
+def test_reject_frames_after_close(encoder, rows):
+    wire = sent(encoder, rows)
+    wire += good_close(encoder)
+    expect(errors.FrameAfterClose, wire + join(encoder.abort("late")))
+
+
+def test_reject_frames_before_open(rows):
+    enc = HandoffEncoder(make_open())
+    expect(errors.FrameOutOfOrder, join(enc.rows("cond", 0, [1], rows[:1])))
+
+
+def test_reject_oversize_payload(encoder, rows):
+    expect(errors.FrameTooLarge, sent(encoder, rows), limits=FrameLimits(max_payload_bytes=64))
+
+
+def test_reject_oversize_header():
+    huge = make_open().model_dump() | {"padding": "x" * 5000}
+    expect(errors.FrameTooLarge, raw(huge), limits=FrameLimits(max_header_bytes=1024))
+
+
+def test_reject_allocation_over_cap_before_allocating():
+    opened = make_open(max_rows=30000, hidden=8)
+    err = expect(errors.AllocationTooLarge, join(HandoffEncoder(opened).open_frame()), caps=AssemblyCaps(max_rows=1000))
+    assert err.status == 413
+
+
+def test_reject_byte_cap_before_allocating():
+    opened = make_open(max_rows=1000, hidden=4096, dtype="float32")
+    expect(errors.AllocationTooLarge, join(HandoffEncoder(opened).open_frame()), caps=AssemblyCaps(max_bytes=1 << 20))
+
+
+def test_abort_releases(encoder, rows):
+    expect(errors.HandoffAborted, sent(encoder, rows) + join(encoder.abort("client went away")))
+
+
+def test_stream_ending_inside_a_frame(encoder, rows):
+    wire = sent(encoder, rows)
+    expect(errors.IncompleteStream, wire[:-3])
+
+
+def test_stream_ending_without_close(encoder, rows):
+    expect(errors.IncompleteStream, sent(encoder, rows))
+
+
+def test_reject_not_a_map():
+    expect(errors.MalformedFrame, msgpack.packb([1, 2, 3]))
+
+
+def test_reject_data_not_last(encoder):
+    header = {"v": 1, "kind": "rows", "request_id": "req_test", "stream": "cond", "data": b"\0" * 16, "start": 0,
+              "count": 1, "token_ids": [1], "dtype": "bfloat16", "shape": [1, 8], "checksum": payload_checksum(b"\0" * 16)}
+    expect(errors.MalformedFrame, join(encoder.open_frame()) + raw(header))
+
+
+def test_reject_wrong_field_type():
+    bad = make_open().model_dump() | {"hidden_size": "8"}
+    expect(errors.MalformedFrame, raw(bad))
