@@ -1,0 +1,121 @@
+"""One handoff body in, one assembled handoff out — with a stall timeout and honest memory accounting.
+
+Chunks go straight into the shared ``HandoffReceiver`` (rows land by index in the buffer allocated
+from ``open``). The ``open`` frame is checked against this DiT as soon as it arrives. Whatever ends
+the handoff — a contract violation, an ``abort``, a stall, a dropped connection, or the consumer
+being done with the rows — releases the row buffer and brings ``ardit_dit_handoff_buffer_bytes``
+back down by exactly what this handoff added. With a ``RowBufferPool`` released buffers stay warm
+for the next handoff (page faults on fresh memory cost more than the copy), bounded by the pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing, asynccontextmanager
+
+from prometheus_client import Gauge
+from starlette.requests import ClientDisconnect
+
+from dit_service.errors import HandoffStalled
+from dit_service.metrics import DitMetrics
+from shared.errors import HandoffError
+from shared.frame_codec import FrameLimits
+from shared.frames import OpenFrame
+from shared.handoff_assembler import AssembledHandoff, AssemblyCaps, HandoffReceiver
+from shared.row_buffer_pool import RowBufferPool
+
+OpenCheck = Callable[[OpenFrame], object]
+
+
+class _BufferAccount:
+    """This handoff's share of the buffer-bytes gauge."""
+
+    def __init__(self, gauge: Gauge) -> None:
+        self._gauge = gauge
+        self._counted = 0
+
+    def set(self, allocated: int) -> None:
+        self._gauge.inc(allocated - self._counted)
+        self._counted = allocated
+
+
+class HandoffIntake:
+    def __init__(
+        self,
+        caps: AssemblyCaps,
+        limits: FrameLimits,
+        stall_timeout: float,
+        metrics: DitMetrics,
+        pool: RowBufferPool | None = None,
+    ) -> None:
+        self._caps = caps
+        self._limits = limits
+        self._pool = pool
+        self._stall_timeout = stall_timeout
+        self._metrics = metrics
+
+    @asynccontextmanager
+    async def receive(self, chunks: AsyncIterator[bytes], check_open: OpenCheck) -> AsyncIterator[AssembledHandoff]:
+        """Yields the complete handoff; its rows are released when the block exits."""
+        receiver = HandoffReceiver(self._caps, self._limits, self._pool)
+        account = _BufferAccount(self._metrics.handoff_buffer_bytes)
+        try:
+            handoff = await self._assemble(receiver, account, chunks, check_open)
+            try:
+                yield handoff
+            except HandoffError as exc:
+                # The consumer refused the assembled rows (e.g. a prompt too long for the DiT).
+                self._metrics.handoff_failures.labels(exc.code).inc()
+                raise
+        finally:
+            receiver.assembler.release()
+            account.set(0)
+            if self._pool is not None:
+                self._metrics.handoff_buffer_idle_bytes.set(self._pool.idle_bytes)
+
+    async def _assemble(
+        self, receiver: HandoffReceiver, account: _BufferAccount, chunks: AsyncIterator[bytes], check_open: OpenCheck
+    ) -> AssembledHandoff:
+        metrics = self._metrics
+        started = time.monotonic()
+        metrics.handoffs_in_flight.inc()
+        try:
+            opened = False
+            async with aclosing(self._paced(chunks)) as paced:
+                async for chunk in paced:
+                    frames_before = receiver.reader.frames
+                    try:
+                        receiver.feed(chunk)
+                    finally:
+                        account.set(receiver.assembler.allocated_bytes)
+                        metrics.handoff_bytes_received.inc(len(chunk))
+                        metrics.handoff_frames_received.inc(receiver.reader.frames - frames_before)
+                    if not opened and receiver.assembler.open is not None:
+                        opened = True
+                        check_open(receiver.assembler.open)
+            handoff = receiver.finish()
+        except HandoffError as exc:
+            metrics.handoff_failures.labels(exc.code).inc()
+            raise
+        except ClientDisconnect:
+            metrics.handoff_failures.labels("client_disconnected").inc()
+            raise
+        finally:
+            metrics.handoffs_in_flight.dec()
+        metrics.handoff_receive_seconds.observe(time.monotonic() - started)
+        return handoff
+
+    async def _paced(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        """The body's chunks, ending the handoff when none arrives within the stall timeout."""
+        iterator = aiter(chunks)
+        while True:
+            try:
+                chunk = await asyncio.wait_for(anext(iterator), self._stall_timeout)
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                raise HandoffStalled(f"no bytes for {self._stall_timeout:g} s; handoff ended") from None
+            if chunk:
+                yield chunk

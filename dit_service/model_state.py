@@ -1,0 +1,88 @@
+"""Loading the model in the background, warming it up, and saying when the service is ready.
+
+The HTTP server starts at once so /healthz and /readyz answer during a (possibly long) load;
+/readyz turns ready only after a one-step render at the smallest size has gone through the whole
+path (transformer, VAE, encoder), which also pays one-time costs before real traffic arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+import torch
+
+from dit_service.conditioning import Conditioning
+from dit_service.model import DitModel
+from dit_service.pipeline_runner import PipelineRunner, RenderJob
+from services.errors import ApiError
+from shared.frames import DiffusionParams
+
+log = logging.getLogger("ardit.dit.model_state")
+
+Loaded = TypeVar("Loaded")
+
+
+@dataclass(frozen=True)
+class Readiness:
+    ready: bool
+    reason: str
+
+
+def warmup_job(model: DitModel) -> RenderJob:
+    facts = model.facts
+    embeds = torch.zeros((1, 1, facts.joint_attention_dim), dtype=facts.dtype)
+    size = facts.size_multiple
+    return RenderJob(
+        request_id="warmup",
+        conditioning=Conditioning(embeds, torch.ones((1, 1), dtype=torch.long)),
+        params=DiffusionParams(
+            width=size, height=size, num_inference_steps=facts.min_inference_steps, guidance_scale=0.0, seed=0
+        ),
+    )
+
+
+class ModelState(Generic[Loaded]):
+    """``load`` builds the model and what serves it; ``require`` hands that out once warmed up."""
+
+    def __init__(self, retry_after_seconds: int) -> None:
+        self._retry_after = retry_after_seconds
+        self._loaded: Loaded | None = None
+        self._readiness = Readiness(False, "model not loaded yet")
+
+    async def load(
+        self,
+        load_model: Callable[[], DitModel],
+        serve: Callable[[DitModel], tuple[Loaded, PipelineRunner]],
+    ) -> None:
+        """``serve`` returns what requests use plus a runner (with throwaway metrics) for the warm-up."""
+        try:
+            self._readiness = Readiness(False, "loading model")
+            model = await asyncio.to_thread(load_model)
+            loaded, warmup_runner = serve(model)
+            self._readiness = Readiness(False, "warming up")
+            await asyncio.to_thread(warmup_runner.render, warmup_job(model), lambda frame: None, threading.Event())
+        except Exception as exc:
+            log.exception("model load failed")
+            self._readiness = Readiness(False, f"model load failed ({type(exc).__name__})")
+            return
+        self._loaded = loaded
+        self._readiness = Readiness(True, "ready")
+        log.info("model ready")
+
+    async def readiness(self) -> tuple[bool, str]:
+        return self._readiness.ready, self._readiness.reason
+
+    def require(self) -> Loaded:
+        if self._loaded is None:
+            raise ApiError(
+                503,
+                f"the DiT is not ready: {self._readiness.reason}",
+                code="model_not_ready",
+                headers={"Retry-After": str(self._retry_after)},
+            )
+        return self._loaded

@@ -1,0 +1,126 @@
+"""The answer to a complete handoff: result frames streamed while the pipeline runs.
+
+The run happens in a worker thread under the run semaphore and reports frames back to the event
+loop through a queue, so previews and images reach the sender as soon as they exist. The run is a
+task of its own, not part of the response: if the client disconnects, the response is cancelled,
+the run is told to stop at its next denoising step, and the semaphore and run ticket are only
+given back once the thread has actually finished (so capacity accounting never lies).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from starlette.background import BackgroundTask
+from starlette.responses import StreamingResponse
+
+from dit_service.admission import RunTicket
+from dit_service.metrics import DitMetrics
+from dit_service.pipeline_runner import FrameSink, PipelineRunner, RenderCancelled, RenderJob, RenderTimings
+from shared.result_frames import RESULT_MEDIA_TYPE, DoneFrame, ErrorFrame, ImageFrame, PartialImageFrame, encode_result
+
+log = logging.getLogger("ardit.dit.results")
+
+
+@dataclass(frozen=True)
+class _RunEnded:
+    timings: RenderTimings | None  # None: the run did not finish
+    queue_seconds: float
+
+
+class ResultStream:
+    def __init__(self, runner: PipelineRunner, run_slots: asyncio.Semaphore, metrics: DitMetrics) -> None:
+        self._runner = runner
+        self._run_slots = run_slots
+        self._metrics = metrics
+        # Strong references: the event loop only keeps weak ones to tasks.
+        self._runs: set[asyncio.Task] = set()
+
+    def respond(self, job: RenderJob, ticket: RunTicket, started: float, handoff_seconds: float) -> StreamingResponse:
+        """Starts the run now and answers with its frames: previews, images, then ``done`` (or ``error``).
+
+        The run does not wait for the response to start streaming, so its ticket comes back even
+        if the client is gone before the first byte; Starlette runs the background task after the
+        stream ends or the client disconnects, which tells an abandoned run to stop.
+        """
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[PartialImageFrame | ImageFrame | _RunEnded] = asyncio.Queue()
+        cancel = threading.Event()
+
+        def emit(frame: PartialImageFrame | ImageFrame) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, frame)
+
+        run = asyncio.create_task(self._run(job, emit, cancel, ticket, queue))
+        self._runs.add(run)
+        run.add_done_callback(self._runs.discard)
+        frames = self._frames(job, queue, cancel, started, handoff_seconds)
+        return StreamingResponse(frames, media_type=RESULT_MEDIA_TYPE, background=BackgroundTask(cancel.set))
+
+    async def _frames(
+        self, job: RenderJob, queue: asyncio.Queue, cancel: threading.Event, started: float, handoff_seconds: float
+    ) -> AsyncIterator[bytes]:
+        try:
+            while True:
+                item = await queue.get()
+                if not isinstance(item, _RunEnded):
+                    yield encode_result(item)
+                    continue
+                yield encode_result(self._last_frame(job, item, started, handoff_seconds))
+                return
+        finally:
+            cancel.set()
+            self._metrics.request_seconds.observe(time.monotonic() - started)
+
+    async def _run(
+        self, job: RenderJob, emit: FrameSink, cancel: threading.Event, ticket: RunTicket, queue: asyncio.Queue
+    ) -> None:
+        metrics = self._metrics
+        waited = time.monotonic()
+        timings, queue_seconds = None, 0.0
+        try:
+            async with self._run_slots:
+                queue_seconds = time.monotonic() - waited
+                metrics.queue_wait_seconds.observe(queue_seconds)
+                if cancel.is_set():
+                    raise RenderCancelled()
+                metrics.pipeline_runs_in_flight.inc()
+                try:
+                    timings = await asyncio.to_thread(self._runner.render, job, emit, cancel)
+                finally:
+                    metrics.pipeline_runs_in_flight.dec()
+        except RenderCancelled:
+            metrics.pipeline_failures.labels("client_disconnected").inc()
+        except Exception:
+            log.exception("pipeline run for %s failed", job.request_id)
+            metrics.pipeline_failures.labels("error").inc()
+        finally:
+            ticket.release()
+            queue.put_nowait(_RunEnded(timings, queue_seconds))
+
+    @staticmethod
+    def _last_frame(
+        job: RenderJob, ended: _RunEnded, started: float, handoff_seconds: float
+    ) -> DoneFrame | ErrorFrame:
+        if ended.timings is None:
+            # No internals in the body; the log has the traceback.
+            return ErrorFrame(
+                request_id=job.request_id, status=500, code="pipeline_error", message="image generation failed"
+            )
+        timings = ended.timings
+        return DoneFrame(
+            request_id=job.request_id,
+            timings={
+                "handoff": handoff_seconds,
+                "queue": ended.queue_seconds,
+                "denoise": timings.denoise,
+                "previews": timings.previews,
+                "vae_decode": timings.vae_decode,
+                "encode": timings.encode,
+                "total": time.monotonic() - started,
+            },
+        )

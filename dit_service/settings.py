@@ -1,0 +1,117 @@
+"""DiT service settings, read from ``ARDIT_DIT_*`` environment variables (and ``ARDIT_HANDOFF_TOKEN``)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from shared.frame_codec import FrameLimits
+from shared.handoff_assembler import AssemblyCaps
+
+TorchDtypeName = Literal["float32", "bfloat16", "float16"]
+
+
+def default_model_dir() -> Path:
+    base = os.environ.get("ARDIT_CACHE_DIR") or os.path.join("~", ".cache", "ardit")
+    return Path(base).expanduser() / "models" / "qwen-image-tiny"
+
+
+class DitSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ARDIT_DIT_", populate_by_name=True, frozen=True)
+
+    # --- model -------------------------------------------------------------------------------
+    model_dir: Path = Field(
+        default_factory=default_model_dir, description="QwenImagePipeline directory (no text encoder needed)."
+    )
+    device: Literal["cpu", "cuda"] = Field("cpu", description="Where the pipeline runs.")
+    dtype: TorchDtypeName | None = Field(None, description="Model dtype; default float32 on CPU, bfloat16 on CUDA.")
+    torch_threads: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="torch intra-op threads (None: torch's default)."
+    )
+    expected_model: str | None = Field(
+        None, description="If set, the AR model tag every handoff's open.model must equal (else 4xx)."
+    )
+    expected_final_norm: bool | None = Field(
+        True,
+        description="open.final_norm must equal this (Qwen-Image trained on post-norm states); None: accept both.",
+    )
+
+    # --- HTTP ----------------------------------------------------------------------------------
+    host: str = Field("127.0.0.1", description="Bind address.")
+    port: Annotated[int, Field(ge=0, le=65535)] = Field(8001, description="Bind port.")
+    handoff_token: SecretStr | None = Field(
+        None,
+        validation_alias="ARDIT_HANDOFF_TOKEN",
+        description="Bearer token both services share (env ARDIT_HANDOFF_TOKEN). Unset: /v1/handoff answers 503.",
+    )
+    log_level: str = Field("INFO", description="Root log level.")
+
+    # --- admission -----------------------------------------------------------------------------
+    max_concurrent_handoffs: Annotated[int, Field(ge=1)] = Field(8, description="Handoffs being received at once.")
+    max_pipeline_runs: Annotated[int, Field(ge=1)] = Field(1, description="Pipeline runs executing at once.")
+    pipeline_queue_size: Annotated[int, Field(ge=0)] = Field(
+        4, description="Completed handoffs that may wait for a pipeline run; beyond that: 429."
+    )
+    retry_after_seconds: Annotated[int, Field(ge=1)] = Field(1, description="Retry-After sent with 429/503.")
+    stall_timeout_seconds: Annotated[float, Field(gt=0)] = Field(
+        30.0, description="A handoff that sends no bytes for this long is ended and its memory released."
+    )
+
+    # --- receiver caps (shared AssemblyCaps / FrameLimits) -------------------------------------
+    max_rows: Annotated[int, Field(ge=1)] = Field(AssemblyCaps.max_rows, description="Max rows per stream.")
+    max_hidden_size: Annotated[int, Field(ge=1)] = Field(AssemblyCaps.max_hidden_size, description="Max hidden size.")
+    max_buffer_bytes: Annotated[int, Field(ge=1)] = Field(
+        AssemblyCaps.max_bytes, description="Max row-buffer bytes one handoff may allocate."
+    )
+    max_frame_header_bytes: Annotated[int, Field(ge=64)] = Field(
+        FrameLimits.max_header_bytes, description="Max bytes of one frame's msgpack header."
+    )
+    max_frame_payload_bytes: Annotated[int, Field(ge=1)] = Field(
+        FrameLimits.max_payload_bytes, description="Max row bytes in one frame."
+    )
+    idle_row_buffer_bytes: Annotated[int, Field(ge=0)] = Field(
+        256 << 20, description="Released row buffers kept for reuse (0: allocate fresh each handoff)."
+    )
+
+    # --- conditioning ----------------------------------------------------------------------------
+    drop_prefix_tokens: Annotated[int, Field(ge=0)] = Field(
+        0, description="Rows of the AR prompt template prefix that do not condition the DiT (Qwen-Image: 34)."
+    )
+    special_token_ids: frozenset[int] = Field(
+        frozenset(), description="Token ids whose rows ar_generated drops from the text part (JSON list in env)."
+    )
+    image_token_start_id: Annotated[int, Field(ge=0)] | None = Field(
+        None, description="ar_generated: only generated rows with token id >= this are image rows (None: all)."
+    )
+    max_sequence_length: Annotated[int, Field(ge=1, le=1024)] = Field(
+        512, description="Most conditioning rows the DiT takes; more is a 4xx, never a silent truncation."
+    )
+    pad_to_multiple: Annotated[int, Field(ge=1)] = Field(
+        1, description="Right-pad conditioning to a multiple of this (with a mask) so few shapes occur."
+    )
+
+    # --- diffusion limits -----------------------------------------------------------------------
+    max_pixels: Annotated[int, Field(ge=1)] = Field(2 * 1024 * 1024, description="Max width*height.")
+    max_inference_steps: Annotated[int, Field(ge=1)] = Field(100, description="Max num_inference_steps.")
+    max_images_per_handoff: Annotated[int, Field(ge=1)] = Field(4, description="Max num_images.")
+    max_guidance_scale: Annotated[float, Field(ge=0)] = Field(50.0, description="Max guidance_scale.")
+
+    @property
+    def torch_dtype_name(self) -> TorchDtypeName:
+        if self.dtype is not None:
+            return self.dtype
+        return "float32" if self.device == "cpu" else "bfloat16"
+
+    @property
+    def assembly_caps(self) -> AssemblyCaps:
+        return AssemblyCaps(
+            max_rows=self.max_rows, max_hidden_size=self.max_hidden_size, max_bytes=self.max_buffer_bytes
+        )
+
+    @property
+    def frame_limits(self) -> FrameLimits:
+        return FrameLimits(max_header_bytes=self.max_frame_header_bytes, max_payload_bytes=self.max_frame_payload_bytes)

@@ -1,0 +1,365 @@
+"""POST /v1/handoff on a real server: complete streams render, every violation is a typed 4xx,
+and whatever ends a handoff gives its row memory back."""
+
+from __future__ import annotations
+
+import io
+import time
+
+import msgpack
+import pytest
+import torch
+from PIL import Image
+
+from dit_service.app import create_dit_app
+from dit_service.settings import DitSettings
+from shared.frame_codec import encode_frame, encode_rows
+from shared.frames import CloseFrame, StreamTotals, frame_header
+from shared.handoff_encoder import HandoffEncoder
+from tests.dit_service.handoff_requests import (
+    HIDDEN,
+    RawHandoff,
+    complete_handoff,
+    handoff_headers,
+    hidden_rows,
+    metric,
+    open_frame,
+    params,
+    post_handoff,
+    token_ids,
+)
+from tests.support.live_server import LiveServer
+
+pytestmark = pytest.mark.slow
+
+ROWS = 12
+
+
+def wait_for(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.02)
+
+
+def assert_released(url: str) -> None:
+    wait_for(lambda: metric(url, "ardit_dit_handoff_buffer_bytes") == 0)
+    wait_for(lambda: metric(url, "ardit_dit_handoffs_in_flight") == 0)
+
+
+def image_of(frame) -> Image.Image:
+    image = Image.open(io.BytesIO(frame.data))
+    image.load()
+    return image
+
+
+# --- complete handoffs --------------------------------------------------------------------------
+
+
+def test_complete_handoff_renders_an_image_of_the_requested_size(dit_server):
+    answer = post_handoff(dit_server.url, complete_handoff(hidden_rows(ROWS), diffusion=params(width=48, height=32)))
+    assert answer.status == 200, answer.error
+    assert answer.headers["content-type"] == "application/vnd.ardit.result+msgpack"
+    assert answer.kinds == ["image", "done"]
+    image = image_of(answer.images[0])
+    assert image.format == "PNG" and image.size == (48, 32)
+    assert (answer.images[0].width, answer.images[0].height) == (48, 32)
+    assert set(answer.frames[-1].timings) >= {"queue", "denoise", "vae_decode", "encode", "total"}
+    assert_released(dit_server.url)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_rows_are_accepted(dit_server, dtype):
+    answer = post_handoff(dit_server.url, complete_handoff(hidden_rows(ROWS, dtype=dtype)))
+    assert answer.status == 200, answer.error
+    assert answer.kinds == ["image", "done"]
+
+
+def test_out_of_order_row_frames_assemble_to_the_same_image(dit_server):
+    rows = hidden_rows(ROWS, seed=3)
+    in_order = post_handoff(dit_server.url, complete_handoff(rows, frame_rows=5))
+    reversed_ = post_handoff(dit_server.url, complete_handoff(rows, frame_rows=5, reverse=True))
+    assert in_order.status == reversed_.status == 200
+    assert in_order.images[0].data == reversed_.images[0].data
+
+
+def test_body_sent_in_tiny_chunks_is_reassembled(dit_server):
+    whole = b"".join(complete_handoff(hidden_rows(ROWS, seed=3)))
+    pieces = [whole[i : i + 7] for i in range(0, len(whole), 7)]
+    reference = post_handoff(dit_server.url, [whole])
+    answer = post_handoff(dit_server.url, pieces)
+    assert answer.status == 200
+    assert answer.images[0].data == reference.images[0].data
+
+
+# --- contract violations -------------------------------------------------------------------------
+
+
+def _handoff(**open_options) -> tuple[HandoffEncoder, list[bytes]]:
+    encoder = HandoffEncoder(open_frame(ROWS, **open_options))
+    return encoder, [bytes(b) for b in encoder.open_frame()]
+
+
+def _rows(encoder: HandoffEncoder, start: int, count: int) -> list[bytes]:
+    rows = hidden_rows(count, seed=start)
+    return [bytes(b) for b in encoder.rows("cond", start, token_ids(count, first=100 + start), rows)]
+
+
+def _close(encoder: HandoffEncoder, ids: list[int] | None = None) -> list[bytes]:
+    ids = ids or token_ids(ROWS)
+    return [bytes(b) for b in encoder.close({"cond": ids}, {"cond": ROWS}, 0, 0)]
+
+
+def _raw(frame: dict) -> bytes:
+    return msgpack.packb(frame, use_bin_type=True)
+
+
+def bad_schema_version():
+    header = frame_header(open_frame(ROWS))
+    return [_raw({**header, "v": 2})]
+
+
+def unknown_kind():
+    _, parts = _handoff()
+    return parts + [_raw({"v": 1, "kind": "teleport", "request_id": "req_test"})]
+
+
+def bad_dtype_in_open():
+    return [encode_frame(open_frame(ROWS, dtype="int8"))]
+
+
+def rows_dtype_differs_from_open():
+    _, parts = _handoff()
+    _, wire = encode_rows("req_test", "cond", 0, token_ids(2), hidden_rows(2, dtype=torch.float16))
+    return parts + [bytes(b) for b in wire]
+
+
+def shape_mismatch():
+    _, parts = _handoff()
+    _, wire = encode_rows("req_test", "cond", 0, token_ids(2), torch.zeros(2, HIDDEN // 2))
+    return parts + [bytes(b) for b in wire]
+
+
+def rows_out_of_bounds():
+    encoder, parts = _handoff()
+    return parts + _rows(encoder, ROWS - 1, 2)
+
+
+def overlapping_rows():
+    encoder, parts = _handoff()
+    return parts + _rows(encoder, 0, 4) + _rows(encoder, 2, 4)
+
+
+def token_id_mismatch():
+    encoder, parts = _handoff()
+    return parts + _rows(encoder, 0, ROWS) + _close(encoder, ids=token_ids(ROWS, first=7))
+
+
+def checksum_mismatch():
+    encoder, parts = _handoff()
+    close = CloseFrame(
+        request_id="req_test",
+        streams={
+            "cond": StreamTotals(rows=ROWS, token_ids=token_ids(ROWS), answer_start_index=ROWS, checksum="0" * 16)
+        },
+        cached_tokens=0,
+        cache_creation_tokens=0,
+    )
+    return parts + _rows(encoder, 0, ROWS) + [encode_frame(close)]
+
+
+def corrupt_payload():
+    encoder, parts = _handoff()
+    rows = _rows(encoder, 0, ROWS)
+    payload = bytearray(rows[1])
+    payload[0] ^= 0xFF
+    return parts + [rows[0], bytes(payload)]
+
+
+def frame_after_close():
+    encoder, parts = _handoff()
+    return parts + _rows(encoder, 0, ROWS) + _close(encoder) + [encode_frame(open_frame(ROWS))]
+
+
+def frame_before_open():
+    encoder = HandoffEncoder(open_frame(ROWS))
+    return _rows(encoder, 0, 2)
+
+
+def oversize_frame():
+    # 64 rows x 576 x 4 bytes = 147 KiB in one frame, over the server's 64 KiB frame limit.
+    encoder = HandoffEncoder(open_frame(64))
+    rows = hidden_rows(64)
+    return [bytes(b) for b in encoder.open_frame() + encoder.rows("cond", 0, token_ids(64), rows)]
+
+
+def oversize_allocation():
+    # 4000 rows x 576 x 4 bytes = 9.2 MB, over the server's 4 MiB buffer cap.
+    return [encode_frame(open_frame(ROWS, max_rows=4000))]
+
+
+def aborted():
+    encoder, parts = _handoff()
+    return parts + _rows(encoder, 0, 4) + [bytes(b) for b in encoder.abort("engine died")]
+
+
+def ends_without_close():
+    encoder, parts = _handoff()
+    return parts + _rows(encoder, 0, ROWS)
+
+
+def ends_inside_a_frame():
+    encoder, parts = _handoff()
+    rows = _rows(encoder, 0, ROWS)
+    return parts + [rows[0], rows[1][:100]]
+
+
+def garbage():
+    return [b"\xc1\xc1\xc1 this is not msgpack"]
+
+
+VIOLATIONS = [
+    (bad_schema_version, 400, "unsupported_schema_version"),
+    (unknown_kind, 400, "unknown_frame_kind"),
+    (bad_dtype_in_open, 400, "dtype_not_allowed"),
+    (rows_dtype_differs_from_open, 400, "dtype_not_allowed"),
+    (shape_mismatch, 400, "shape_mismatch"),
+    (rows_out_of_bounds, 400, "rows_out_of_bounds"),
+    (overlapping_rows, 400, "overlapping_rows"),
+    (token_id_mismatch, 400, "token_count_mismatch"),
+    (checksum_mismatch, 400, "checksum_mismatch"),
+    (corrupt_payload, 400, "checksum_mismatch"),
+    (frame_after_close, 400, "frame_after_close"),
+    (frame_before_open, 400, "frame_out_of_order"),
+    (oversize_frame, 413, "frame_too_large"),
+    (oversize_allocation, 413, "allocation_too_large"),
+    (aborted, 409, "aborted_by_sender"),
+    (ends_without_close, 400, "incomplete_stream"),
+    (ends_inside_a_frame, 400, "incomplete_stream"),
+    (garbage, 400, "malformed_frame"),
+]
+
+
+@pytest.mark.parametrize("make_body, status, code", VIOLATIONS, ids=[v[0].__name__ for v in VIOLATIONS])
+def test_contract_violation_is_a_typed_4xx_and_releases_memory(dit_server, make_body, status, code):
+    failures = metric(dit_server.url, "ardit_dit_handoff_failures_total", reason=code)
+    answer = post_handoff(dit_server.url, make_body())
+    assert answer.status == status
+    assert answer.error["code"] == code
+    assert answer.error["type"] == "handoff_error"
+    assert answer.error["message"]
+    assert metric(dit_server.url, "ardit_dit_handoff_failures_total", reason=code) == failures + 1
+    assert_released(dit_server.url)
+
+
+# --- the open frame against this DiT ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "open_options, param",
+    [
+        ({"hidden": 64}, "hidden_size"),
+        ({"conditioning": "telepathy"}, "conditioning"),
+        ({"model": "some-other-llm"}, "model"),
+        ({"final_norm": False}, "final_norm"),
+    ],
+)
+def test_conditioning_mismatch_is_refused_at_open(dit_server, open_options, param):
+    hidden = open_options.get("hidden", HIDDEN)
+    answer = post_handoff(dit_server.url, complete_handoff(hidden_rows(ROWS, hidden=hidden), **open_options))
+    assert answer.status == 422
+    assert answer.error["code"] == "conditioning_mismatch"
+    assert answer.error["param"] == param
+    assert_released(dit_server.url)
+
+
+@pytest.mark.parametrize(
+    "diffusion, param",
+    [
+        (params(width=40), "diffusion.width"),
+        (params(height=24), "diffusion.height"),
+        (params(width=2048, height=2048), "diffusion.width"),
+        (params(num_inference_steps=1), "diffusion.num_inference_steps"),
+        (params(num_inference_steps=101), "diffusion.num_inference_steps"),
+        (params(num_images=5), "diffusion.num_images"),
+        (params(guidance_scale=4.0), "diffusion.guidance_scale"),
+        (params(guidance_scale=float("inf")), "diffusion.guidance_scale"),
+    ],
+    ids=["width", "height", "pixels", "one_step", "too_many_steps", "images", "cfg_without_uncond", "inf_guidance"],
+)
+def test_diffusion_params_the_model_cannot_honour_are_refused(dit_server, diffusion, param):
+    answer = post_handoff(dit_server.url, complete_handoff(hidden_rows(ROWS), diffusion=diffusion))
+    assert answer.status == 422
+    assert answer.error["code"] == "invalid_diffusion_params"
+    assert answer.error["param"] == param
+    assert_released(dit_server.url)
+
+
+def test_prompt_longer_than_max_sequence_length_is_refused(dit_server):
+    answer = post_handoff(dit_server.url, complete_handoff(hidden_rows(70), frame_rows=16))
+    assert answer.status == 422
+    assert answer.error["code"] == "prompt_too_long"
+    assert answer.error["message"] == "prompt too long for the DiT (70 > 64)"
+    assert_released(dit_server.url)
+
+
+# --- auth and admission ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("token", [None, "wrong-token"])
+def test_missing_or_wrong_token_is_401(dit_server, token):
+    answer = post_handoff(dit_server.url, complete_handoff(hidden_rows(ROWS)), headers=handoff_headers(token))
+    assert answer.status == 401
+    assert answer.error["code"] == "invalid_handoff_token"
+    assert answer.headers["www-authenticate"] == "Bearer"
+
+
+def test_wrong_media_type_is_415(dit_server):
+    headers = {**handoff_headers(), "content-type": "application/json"}
+    answer = post_handoff(dit_server.url, complete_handoff(hidden_rows(ROWS)), headers=headers)
+    assert answer.status == 415
+    assert answer.error["code"] == "unsupported_media_type"
+
+
+def test_stalled_handoff_times_out_and_releases_memory(dit_server):
+    stalled = RawHandoff(dit_server.port)
+    try:
+        encoder = HandoffEncoder(open_frame(ROWS))
+        stalled.send(b"".join(bytes(b) for b in encoder.open_frame()))
+        wait_for(lambda: metric(dit_server.url, "ardit_dit_handoff_buffer_bytes") > 0)
+        status, body = stalled.response()  # the server gives up after its 1 s stall timeout
+    finally:
+        stalled.close()
+    assert status == 408
+    assert body["error"]["code"] == "handoff_stalled"
+    assert body["error"]["type"] == "handoff_error"
+    assert_released(dit_server.url)
+
+
+def test_full_handoff_slots_answer_429_with_retry_after(narrow_server):
+    holder = RawHandoff(narrow_server.port)
+    try:
+        holder.send(b"".join(bytes(b) for b in HandoffEncoder(open_frame(ROWS)).open_frame()))
+        wait_for(lambda: metric(narrow_server.url, "ardit_dit_handoffs_in_flight") == 1)
+        answer = post_handoff(narrow_server.url, complete_handoff(hidden_rows(ROWS)))
+        assert answer.status == 429
+        assert answer.error["code"] == "too_many_handoffs"
+        assert int(answer.headers["retry-after"]) >= 1
+    finally:
+        holder.close()
+    # A dropped connection ends the handoff like any other failure.
+    wait_for(lambda: metric(narrow_server.url, "ardit_dit_handoff_failures_total", reason="client_disconnected") == 1)
+    assert_released(narrow_server.url)
+    assert post_handoff(narrow_server.url, complete_handoff(hidden_rows(ROWS))).status == 200
+
+
+def test_unconfigured_token_refuses_every_handoff(tmp_path):
+    # No model either: the token check comes first, so this server never needs one.
+    server = LiveServer(create_dit_app(DitSettings(model_dir=tmp_path / "missing", handoff_token=None))).start()
+    try:
+        answer = post_handoff(server.url, complete_handoff(hidden_rows(ROWS)))
+    finally:
+        server.stop()
+    assert answer.status == 503
+    assert answer.error["code"] == "handoff_auth_not_configured"

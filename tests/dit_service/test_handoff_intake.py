@@ -1,0 +1,103 @@
+"""The intake alone (no server, no model): stall timeout, open-frame check, buffer accounting."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from dit_service.errors import ConditioningMismatch, HandoffStalled
+from dit_service.handoff_intake import HandoffIntake
+from dit_service.metrics import DitMetrics
+from shared.errors import HandoffAborted
+from shared.frame_codec import FrameLimits
+from shared.handoff_assembler import AssemblyCaps
+from shared.handoff_encoder import HandoffEncoder
+from shared.row_buffer_pool import RowBufferPool
+from tests.dit_service.handoff_requests import complete_handoff, hidden_rows, open_frame, token_ids
+
+ROW_BYTES = 576 * 4
+
+
+def intake(metrics: DitMetrics, stall: float = 5.0, pool: RowBufferPool | None = None) -> HandoffIntake:
+    return HandoffIntake(AssemblyCaps(), FrameLimits(), stall, metrics, pool)
+
+
+async def chunks_of(parts, pause_after: int | None = None):
+    for index, part in enumerate(parts):
+        yield part
+        if index == pause_after:
+            await asyncio.sleep(3600)
+
+
+def gauge(metrics: DitMetrics, name: str) -> float:
+    return getattr(metrics, name)._value.get()
+
+
+def test_rows_are_accounted_while_held_and_released_after():
+    metrics = DitMetrics(CollectorRegistry())
+
+    async def run():
+        async with intake(metrics).receive(chunks_of(complete_handoff(hidden_rows(5))), lambda frame: None) as handoff:
+            assert handoff.streams["cond"].rows.shape == (5, 576)
+            assert gauge(metrics, "handoff_buffer_bytes") == 5 * ROW_BYTES
+            assert gauge(metrics, "handoffs_in_flight") == 0  # received; only held now
+
+    asyncio.run(run())
+    assert gauge(metrics, "handoff_buffer_bytes") == 0
+    assert metrics.handoff_frames_received._value.get() == 3
+    assert metrics.handoff_receive_seconds._sum.get() > 0
+
+
+def test_a_stall_ends_the_handoff_and_releases_its_rows():
+    metrics = DitMetrics(CollectorRegistry())
+    encoder = HandoffEncoder(open_frame(5))
+    parts = [bytes(b) for b in encoder.open_frame() + encoder.rows("cond", 0, token_ids(2), hidden_rows(2))]
+
+    async def run():
+        async with intake(metrics, stall=0.1).receive(chunks_of(parts, pause_after=1), lambda frame: None):
+            pass
+
+    with pytest.raises(HandoffStalled):
+        asyncio.run(run())
+    assert gauge(metrics, "handoff_buffer_bytes") == 0
+    assert gauge(metrics, "handoffs_in_flight") == 0
+    assert metrics.handoff_failures.labels("handoff_stalled")._value.get() == 1
+
+
+def test_open_is_checked_when_it_arrives_and_a_refusal_releases_the_rows():
+    metrics = DitMetrics(CollectorRegistry())
+    seen = []
+
+    def refuse(frame):
+        seen.append(frame.request_id)
+        raise ConditioningMismatch("no", param="hidden_size")
+
+    async def run():
+        async with intake(metrics).receive(chunks_of(complete_handoff(hidden_rows(5))), refuse):
+            pass
+
+    with pytest.raises(ConditioningMismatch):
+        asyncio.run(run())
+    assert seen == ["req_test"]
+    assert gauge(metrics, "handoff_buffer_bytes") == 0
+    assert metrics.handoff_failures.labels("conditioning_mismatch")._value.get() == 1
+
+
+def test_released_buffers_stay_warm_in_the_pool_and_are_reused():
+    metrics = DitMetrics(CollectorRegistry())
+    pool = RowBufferPool(max_idle_bytes=1 << 20)
+    encoder = HandoffEncoder(open_frame(5))
+    aborted = [bytes(b) for b in encoder.open_frame() + encoder.abort("engine died")]
+
+    async def run(parts):
+        async with intake(metrics, pool=pool).receive(chunks_of(parts), lambda frame: None):
+            pass
+
+    with pytest.raises(HandoffAborted):
+        asyncio.run(run(aborted))
+    assert gauge(metrics, "handoff_buffer_bytes") == 0
+    assert gauge(metrics, "handoff_buffer_idle_bytes") == 5 * ROW_BYTES
+    asyncio.run(run(complete_handoff(hidden_rows(5))))
+    assert pool.in_use_bytes == 0 and pool.idle_bytes == 5 * ROW_BYTES

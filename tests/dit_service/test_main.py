@@ -1,0 +1,58 @@
+"""``python -m dit_service`` in a subprocess, configured only through the environment."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.dit_service.handoff_requests import AR_MODEL, complete_handoff, handoff_headers, hidden_rows, post_handoff
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_module_entrypoint_serves_handoffs(tiny_checkpoint):
+    port = free_port()
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "ARDIT_DIT_MODEL_DIR": str(tiny_checkpoint),
+        "ARDIT_DIT_PORT": str(port),
+        "ARDIT_DIT_TORCH_THREADS": "1",
+        "ARDIT_DIT_EXPECTED_MODEL": AR_MODEL,
+        "ARDIT_HANDOFF_TOKEN": "from-env",
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-m", "dit_service"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert process.poll() is None, process.stdout.read().decode()
+            try:
+                if httpx.get(f"{url}/readyz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "not ready in time"
+            time.sleep(0.2)
+        answer = post_handoff(url, complete_handoff(hidden_rows(6)), headers=handoff_headers("from-env"))
+        assert answer.status == 200 and answer.kinds == ["image", "done"]
+    finally:
+        process.terminate()
+        process.wait(timeout=30)

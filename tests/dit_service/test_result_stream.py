@@ -1,0 +1,204 @@
+"""The answer stream: frame order, errors after the start, and what a disconnect does to a run."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+import torch
+from prometheus_client import CollectorRegistry
+
+from dit_service.admission import AdmissionControl
+from dit_service.conditioning import Conditioning
+from dit_service.metrics import DitMetrics
+from dit_service.pipeline_runner import RenderCancelled, RenderJob, RenderTimings
+from dit_service.result_stream import ResultStream
+from services.errors import ApiError
+from shared.result_frames import RESULT_MEDIA_TYPE, ImageFrame, PartialImageFrame, ResultReader
+from tests.dit_service.handoff_requests import (
+    complete_handoff,
+    handoff_headers,
+    hidden_rows,
+    metric,
+    params,
+    post_handoff,
+)
+
+JOB = RenderJob("req_x", Conditioning(torch.zeros(1, 1, 4), torch.ones(1, 1, dtype=torch.long)), params())
+FRAME = {"request_id": "req_x", "image_index": 0, "output_format": "png"}
+
+
+class ScriptedRunner:
+    """Stands in for PipelineRunner: emits a preview and an image, or fails, or waits to be cancelled."""
+
+    def __init__(self, behaviour: str) -> None:
+        self.behaviour = behaviour
+        self.finished = threading.Event()
+        self.started = threading.Event()
+
+    def render(self, job, emit, cancel) -> RenderTimings:
+        try:
+            self.started.set()
+            emit(PartialImageFrame(**FRAME, partial_image_index=0, step=1, data=b"p"))
+            if self.behaviour == "fail":
+                raise RuntimeError("secret internals")
+            if self.behaviour == "wait_for_cancel":
+                assert cancel.wait(10)
+                time.sleep(0.2)  # the step in progress finishes before the loop notices
+                raise RenderCancelled()
+            emit(ImageFrame(**FRAME, seed=0, width=32, height=32, data=b"i"))
+            return RenderTimings(denoise=1.0)
+        finally:
+            self.finished.set()
+
+
+def collect(behaviour: str):
+    async def run():
+        admission = AdmissionControl(max_handoffs=1, max_runs=1, queue_size=0, retry_after_seconds=1)
+        stream = ResultStream(ScriptedRunner(behaviour), admission.run_slots, DitMetrics(CollectorRegistry()))
+        response = stream.respond(JOB, admission.run_ticket(), time.monotonic(), handoff_seconds=0.5)
+        assert response.media_type == RESULT_MEDIA_TYPE
+        reader = ResultReader()
+        frames = []
+        async for chunk in response.body_iterator:
+            frames += reader.feed(chunk)
+        return frames
+
+    return asyncio.run(run())
+
+
+def test_frames_come_in_order_and_end_with_done():
+    frames = collect("succeed")
+    assert [f.kind for f in frames] == ["partial_image", "image", "done"]
+    timings = frames[-1].timings
+    assert timings["denoise"] == 1.0 and timings["handoff"] == 0.5
+    assert set(timings) >= {"queue", "denoise", "vae_decode", "encode", "total"}
+
+
+def test_failure_after_the_start_ends_with_an_error_frame_without_internals():
+    frames = collect("fail")
+    assert [f.kind for f in frames] == ["partial_image", "error"]
+    assert frames[-1].status == 500 and frames[-1].code == "pipeline_error"
+    assert "secret" not in frames[-1].message
+
+
+async def wait_until(event: threading.Event) -> None:
+    while not event.is_set():
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.05)  # let the run task hand back what it holds
+
+
+def test_a_consumer_that_goes_away_stops_the_run_and_capacity_returns_only_when_it_has():
+    async def run():
+        admission = AdmissionControl(max_handoffs=1, max_runs=1, queue_size=0, retry_after_seconds=1)
+        runner = ScriptedRunner("wait_for_cancel")
+        metrics = DitMetrics(CollectorRegistry())
+        response = ResultStream(runner, admission.run_slots, metrics).respond(JOB, admission.run_ticket(), 0.0, 0.0)
+        frames = response.body_iterator
+        await anext(frames)  # the preview: the run is under way
+        await frames.aclose()  # what a disconnect does to the response
+        assert not runner.finished.is_set()
+        with pytest.raises(ApiError, match="queue is full"):
+            admission.run_ticket()  # still held by the running thread
+        await wait_until(runner.finished)
+        admission.run_ticket().release()
+        assert not admission.run_slots.locked()
+        assert metrics.pipeline_failures.labels("client_disconnected")._value.get() == 1
+
+    asyncio.run(run())
+
+
+def test_a_response_that_never_streams_still_stops_its_run_and_returns_its_ticket():
+    async def run():
+        admission = AdmissionControl(max_handoffs=1, max_runs=1, queue_size=0, retry_after_seconds=1)
+        runner = ScriptedRunner("wait_for_cancel")
+        response = ResultStream(runner, admission.run_slots, DitMetrics(CollectorRegistry())).respond(
+            JOB, admission.run_ticket(), 0.0, 0.0
+        )
+        await asyncio.to_thread(runner.started.wait, 10)
+        await response.background()  # what Starlette runs when the client is gone before the first byte
+        await wait_until(runner.finished)
+        admission.run_ticket().release()
+
+    asyncio.run(run())
+
+
+# --- on a live server -----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_same_handoff_same_seed_gives_the_same_bytes(dit_server):
+    body = complete_handoff(hidden_rows(10, seed=1), diffusion=params(seed=42, num_inference_steps=3))
+    first, second = post_handoff(dit_server.url, body), post_handoff(dit_server.url, body)
+    assert first.images[0].data == second.images[0].data
+
+
+@pytest.mark.slow
+def test_different_conditioning_changes_the_image(dit_server):
+    one = post_handoff(dit_server.url, complete_handoff(hidden_rows(10, seed=1)))
+    other = post_handoff(dit_server.url, complete_handoff(hidden_rows(10, seed=2)))
+    assert one.images[0].data != other.images[0].data
+
+
+@pytest.mark.slow
+def test_partial_images_arrive_before_the_final_image(dit_server):
+    diffusion = params(num_inference_steps=4, partial_images=2)
+    answer = post_handoff(dit_server.url, complete_handoff(hidden_rows(10), diffusion=diffusion))
+    assert answer.kinds == ["partial_image", "partial_image", "image", "done"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("output_format", ["jpeg", "webp"])
+def test_lossy_formats_honour_output_compression(dit_server, output_format):
+    def size(compression: int) -> int:
+        diffusion = params(width=64, height=64, output_format=output_format, output_compression=compression)
+        answer = post_handoff(dit_server.url, complete_handoff(hidden_rows(10), diffusion=diffusion))
+        assert answer.images[0].output_format == output_format
+        return len(answer.images[0].data)
+
+    assert size(10) < size(95)
+
+
+@pytest.mark.slow
+def test_concurrent_requests_render_what_sequential_ones_do(dit_server):
+    bodies = [
+        complete_handoff(hidden_rows(10, seed=s), diffusion=params(seed=s, num_inference_steps=6, num_images=2))
+        for s in (1, 2)
+    ]
+    sequential = [post_handoff(dit_server.url, body) for body in bodies]
+    with ThreadPoolExecutor(2) as pool:
+        concurrent = list(pool.map(lambda body: post_handoff(dit_server.url, body), bodies))
+    for alone, together in zip(sequential, concurrent):
+        assert [i.data for i in alone.images] == [i.data for i in together.images]
+
+
+@pytest.mark.slow
+def test_disconnect_mid_run_interrupts_it_and_frees_the_pipeline(narrow_server):
+    url = narrow_server.url
+    images_before = metric(url, "ardit_dit_images_total", format="png")
+    diffusion = params(width=128, height=128, num_inference_steps=400, partial_images=3)
+    body = complete_handoff(hidden_rows(10), diffusion=diffusion)
+    with httpx.Client(timeout=60) as client:
+        with client.stream("POST", f"{url}/v1/handoff", content=iter(body), headers=handoff_headers()) as response:
+            assert response.status_code == 200
+            # Held in a variable: a dropped iterator would close the connection right away.
+            chunks, reader = response.iter_bytes(), ResultReader()
+            while not any(f.kind == "partial_image" for f in reader.feed(next(chunks))):
+                pass
+            assert metric(url, "ardit_dit_pipeline_runs_in_flight") == 1
+            # The only run slot is taken and nothing may queue: refused up front.
+            busy = post_handoff(url, complete_handoff(hidden_rows(10)))
+            assert busy.status == 429 and busy.error["code"] == "pipeline_queue_full"
+            assert busy.headers["retry-after"]
+    deadline = time.monotonic() + 10
+    while metric(url, "ardit_dit_pipeline_runs_in_flight") or not metric(
+        url, "ardit_dit_pipeline_failures_total", reason="client_disconnected"
+    ):
+        assert time.monotonic() < deadline, "the run did not stop"
+        time.sleep(0.02)
+    assert metric(url, "ardit_dit_images_total", format="png") == images_before
+    assert post_handoff(url, complete_handoff(hidden_rows(10))).status == 200

@@ -1,0 +1,42 @@
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from dit_service.settings import DitSettings
+
+
+def test_environment_configures_the_service(monkeypatch, tmp_path):
+    monkeypatch.setenv("ARDIT_DIT_MODEL_DIR", str(tmp_path))
+    monkeypatch.setenv("ARDIT_DIT_PORT", "9100")
+    monkeypatch.setenv("ARDIT_DIT_SPECIAL_TOKEN_IDS", "[1, 2, 3]")
+    monkeypatch.setenv("ARDIT_DIT_MAX_ROWS", "100")
+    monkeypatch.setenv("ARDIT_DIT_MAX_FRAME_PAYLOAD_BYTES", "4096")
+    monkeypatch.setenv("ARDIT_HANDOFF_TOKEN", "shared-secret")
+    settings = DitSettings()
+    assert settings.model_dir == tmp_path and settings.port == 9100
+    assert settings.special_token_ids == frozenset({1, 2, 3})
+    assert settings.handoff_token.get_secret_value() == "shared-secret"
+    assert settings.assembly_caps.max_rows == 100
+    assert settings.frame_limits.max_payload_bytes == 4096
+
+
+def test_defaults(monkeypatch):
+    monkeypatch.delenv("ARDIT_HANDOFF_TOKEN", raising=False)
+    monkeypatch.setenv("ARDIT_CACHE_DIR", "/cache")
+    settings = DitSettings()
+    assert (settings.host, settings.port) == ("127.0.0.1", 8001)
+    assert settings.handoff_token is None
+    assert str(settings.model_dir) == "/cache/models/qwen-image-tiny"
+    assert settings.max_sequence_length == 512
+
+
+@pytest.mark.parametrize("device, dtype", [("cpu", "float32"), ("cuda", "bfloat16")])
+def test_dtype_follows_the_device_unless_set(device, dtype):
+    assert DitSettings(device=device).torch_dtype_name == dtype
+    assert DitSettings(device=device, dtype="float16").torch_dtype_name == "float16"
+
+
+def test_max_sequence_length_is_bounded_by_what_qwen_image_accepts():
+    with pytest.raises(ValidationError):
+        DitSettings(max_sequence_length=1025)
