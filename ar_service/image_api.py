@@ -57,7 +57,8 @@ class ImageGenerationBody(BaseModel):
     partial_images: Annotated[int, Field(ge=0, le=3)] = 0
     # ardit extensions
     seed: Annotated[int, Field(ge=0, le=2**63 - 1)] | None = None
-    num_inference_steps: Annotated[int, Field(ge=1, le=200)] | None = None
+    # Qwen-Image's schedule needs at least 2 steps (1 step gives NaN sigmas).
+    num_inference_steps: Annotated[int, Field(ge=2, le=100)] | None = None
     guidance_scale: Annotated[float, Field(ge=0.0, le=50.0)] | None = None
     negative_prompt: Annotated[str, Field(max_length=32000)] | None = None
     max_new_tokens: Annotated[int, Field(ge=1)] | None = None

@@ -157,7 +157,8 @@ class RowChannel:
             return len(self._streams)
 
     def close(self) -> None:
-        self._socket.close(linger=0)
+        # term() wakes the receiver thread, which owns the socket and closes it; closing the
+        # socket from this thread while it is in recv would not be thread-safe.
         self._context.term()
         self._thread.join(timeout=5)
 
@@ -166,6 +167,7 @@ class RowChannel:
             try:
                 header_bytes, payload = self._socket.recv_multipart(copy=False)
             except (zmq.ContextTerminated, zmq.ZMQError):
+                self._socket.close(linger=0)
                 return
             header = RowChunkHeader(**msgpack.unpackb(header_bytes.bytes))
             with self._lock:

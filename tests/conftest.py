@@ -1,0 +1,81 @@
+"""Session-wide fixtures: the real pair (AR on vLLM, DiT on diffusers) on loopback ports.
+
+The vLLM engine starts once per test run (about a minute on CPU): every test that needs the AR
+side uses ``stack``. Checkpoints come from ``make checkpoints`` (the cache under ARDIT_CACHE_DIR).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from ar_service.app import ArRuntime, create_ar_app
+from ar_service.settings import ArSettings, default_model_dir as default_ar_model_dir
+from dit_service.app import create_dit_app
+from dit_service.settings import DitSettings, default_model_dir as default_dit_model_dir
+from services.launcher import DEFAULT_TEMPLATE_PREFIX_TOKENS
+from tests.support.live_server import LiveServer
+
+# Bitwise image comparisons need a fixed intra-op thread count.
+torch.set_num_threads(1)
+
+HANDOFF_TOKEN = "test-handoff-token"
+API_KEY = "sk-test-ardit"
+ADMIN_TOKEN = "test-admin-token"
+
+
+@dataclass
+class Stack:
+    ar: LiveServer
+    dit: LiveServer
+    settings: ArSettings
+
+    @property
+    def runtime(self) -> ArRuntime:
+        return self.ar.app.state.runtime
+
+    @property
+    def api_base(self) -> str:
+        return f"{self.ar.url}/v1"
+
+
+def require_checkpoint(path: Path) -> Path:
+    if not (path / ".complete").exists() and not (path / "model_index.json").exists():
+        pytest.fail(f"checkpoint {path} is missing: run `make checkpoints` (make test does)")
+    return path
+
+
+def dit_settings(**overrides) -> DitSettings:
+    base = dict(
+        model_dir=require_checkpoint(default_dit_model_dir()),
+        handoff_token=HANDOFF_TOKEN,
+        drop_prefix_tokens=DEFAULT_TEMPLATE_PREFIX_TOKENS,
+        torch_threads=1,
+        max_pipeline_runs=1,
+        pipeline_queue_size=16,
+    )
+    return DitSettings(**(base | overrides))
+
+
+@pytest.fixture(scope="session")
+def stack() -> Iterator[Stack]:
+    dit = LiveServer(create_dit_app(dit_settings())).start().wait_ready()
+    settings = ArSettings(
+        model_dir=require_checkpoint(default_ar_model_dir()),
+        dit_url=dit.url,
+        handoff_token=HANDOFF_TOKEN,
+        api_keys=[API_KEY],
+        admin_token=ADMIN_TOKEN,
+        max_concurrent_requests=4,
+        max_queued_requests=8,
+        max_new_tokens_limit=64,
+        kv_cache_bytes=512 << 20,
+    )
+    ar = LiveServer(create_ar_app(settings)).start().wait_ready()
+    yield Stack(ar=ar, dit=dit, settings=settings)
+    ar.stop()
+    dit.stop()
