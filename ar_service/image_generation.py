@@ -77,7 +77,7 @@ class ImageGenerator:
         self._settings = settings
         self._engine = engine
         self._prompts = prompts
-        self._dit = dit
+        self.dit = dit  # public: tests point a running service at another DiT
         self._metrics = metrics
 
     async def generate(self, request: GenerationRequest, on_partial_image: PartialImageSink | None = None) -> GenerationResult:
@@ -116,7 +116,7 @@ class ImageGenerator:
 
         self._metrics.handoffs_in_flight.inc()
         try:
-            result = await self._dit.render(encoder, frames, on_partial_image)
+            result = await self.dit.render(encoder, frames, on_partial_image)
         finally:
             self._metrics.handoffs_in_flight.dec()
             for pump in pumps:

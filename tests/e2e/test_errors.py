@@ -1,0 +1,84 @@
+"""Every error of the public API: OpenAI's body shape and status, and the client's exception."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+from openai import OpenAI
+
+from tests.conftest import API_KEY
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def client(stack) -> OpenAI:
+    return OpenAI(base_url=stack.api_base, api_key=API_KEY, max_retries=0, timeout=120,
+                  _strict_response_validation=True)
+
+
+def error_body(response: httpx.Response) -> dict:
+    body = response.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+    assert "Traceback" not in body["error"]["message"]
+    return body["error"]
+
+
+@pytest.mark.parametrize(
+    ("payload", "param"),
+    [
+        ({"prompt": "x", "size": "100x100"}, "size"),
+        ({"prompt": "x", "size": "big"}, "size"),
+        ({"prompt": "x", "n": 11}, "n"),
+        ({"prompt": ""}, "prompt"),
+        ({}, "prompt"),
+        ({"prompt": "x", "background": "transparent"}, "background"),
+        ({"prompt": "x", "output_format": "gif"}, "output_format"),
+        ({"prompt": "x", "partial_images": 4}, "partial_images"),
+        ({"prompt": "x", "num_inference_steps": 1}, "num_inference_steps"),
+        ({"prompt": "x", "max_new_tokens": 10_000}, "max_new_tokens"),
+        ({"prompt": "x", "unknown_field": 1}, "unknown_field"),
+        ({"prompt": "word " * 2000}, "prompt"),
+    ],
+)
+def test_invalid_requests_are_400_naming_the_param(stack, payload, param):
+    response = httpx.post(f"{stack.api_base}/images/generations", json=payload,
+                          headers={"authorization": f"Bearer {API_KEY}"}, timeout=120)
+    assert response.status_code == 400, response.text
+    error = error_body(response)
+    assert error["type"] == "invalid_request_error" and error["param"] == param
+
+
+def test_client_raises_bad_request(client):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.images.generate(prompt="x", size="100x100")
+    assert info.value.body["param"] == "size"
+
+
+def test_bad_key_is_401(stack):
+    bad = OpenAI(base_url=stack.api_base, api_key="sk-wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as info:
+        bad.images.generate(prompt="x", size="64x64")
+    assert info.value.body["code"] == "invalid_api_key"
+
+
+def test_missing_key_is_401(stack):
+    response = httpx.post(f"{stack.api_base}/images/generations", json={"prompt": "x"})
+    assert response.status_code == 401
+    error = error_body(response)
+    assert error["type"] == "authentication_error" and error["code"] == "missing_api_key"
+
+
+def test_unknown_model_is_404(client, stack):
+    with pytest.raises(openai.NotFoundError) as info:
+        client.images.generate(model="gpt-image-9", prompt="x", size="64x64")
+    assert info.value.body["code"] == "model_not_found"
+
+
+def test_admin_reset_requires_the_admin_token(stack):
+    from tests.conftest import ADMIN_TOKEN
+
+    assert httpx.post(f"{stack.ar.url}/admin/reset_prefix_cache").status_code == 401
+    ok = httpx.post(f"{stack.ar.url}/admin/reset_prefix_cache", headers={"authorization": f"Bearer {ADMIN_TOKEN}"})
+    assert ok.status_code == 200 and "reset" in ok.json()

@@ -1,0 +1,129 @@
+"""Lifecycle on real servers: client disconnects, a DiT that dies mid-handoff, concurrency."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from ar_service.handoff_client import HandoffClient
+from tests.conftest import API_KEY, HANDOFF_TOKEN, Stack
+from tests.e2e.metrics_text import sample
+
+pytestmark = pytest.mark.slow
+
+HEADERS = {"authorization": f"Bearer {API_KEY}"}
+
+
+def post(stack: Stack, timeout: float = 300, **body) -> httpx.Response:
+    return httpx.post(f"{stack.api_base}/images/generations", json={"size": "64x64", **body}, headers=HEADERS,
+                      timeout=timeout)
+
+
+def settled(stack: Stack, timeout: float = 30.0) -> dict[str, float]:
+    """Wait until nothing is in flight anywhere; return the counters that must be zero."""
+    engine = stack.runtime.engine
+
+    def counts() -> dict[str, float]:
+        return {
+            "ar_requests": sample(stack.ar.url, "ardit_ar_requests_in_flight"),
+            "ar_handoffs": sample(stack.ar.url, "ardit_handoffs_in_flight"),
+            "row_streams": engine.channel.open_streams,
+            "engine_requests": engine.vllm.output_processor.get_num_unfinished_requests(),
+            "dit_handoffs": sample(stack.dit.url, "ardit_dit_handoffs_in_flight"),
+            "dit_runs": sample(stack.dit.url, "ardit_dit_pipeline_runs_in_flight"),
+            "dit_row_buffers": sample(stack.dit.url, "ardit_dit_handoff_buffer_bytes"),
+        }
+
+    deadline = time.monotonic() + timeout
+    while any(counts().values()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return counts()
+
+
+def test_client_disconnect_aborts_everything(stack):
+    with pytest.raises(httpx.ReadTimeout):
+        post(stack, timeout=1.5, prompt="a slow one", max_new_tokens=60, num_inference_steps=30)
+    assert not any(settled(stack).values())
+    assert post(stack, prompt="still serving", num_inference_steps=2).status_code == 200
+
+
+def test_client_disconnect_during_denoising_stops_the_dit(stack):
+    with pytest.raises(httpx.ReadTimeout):
+        post(stack, timeout=2.0, prompt="long denoise", size="256x256", num_inference_steps=60)
+    assert not any(settled(stack).values())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_dit_dying_mid_handoff_fails_fast_with_503(stack):
+    port = free_port()
+    env = dict(os.environ, ARDIT_DIT_PORT=str(port), ARDIT_HANDOFF_TOKEN=HANDOFF_TOKEN, ARDIT_DIT_TORCH_THREADS="1",
+               ARDIT_DIT_DROP_PREFIX_TOKENS="34")
+    doomed = subprocess.Popen([sys.executable, "-m", "dit_service"], env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    generator = stack.runtime.generator
+    healthy = generator.dit
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the second DiT did not start"
+            time.sleep(0.2)
+        generator.dit = HandoffClient(f"http://127.0.0.1:{port}", HANDOFF_TOKEN, 5.0, 60.0)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(post, stack, prompt="doomed", max_new_tokens=60, num_inference_steps=2)
+            while sample(f"http://127.0.0.1:{port}", "ardit_dit_handoffs_in_flight") < 1:
+                time.sleep(0.02)
+            killed_at = time.monotonic()
+            doomed.send_signal(signal.SIGKILL)
+            response = pending.result(timeout=60)
+        assert response.status_code == 503
+        assert response.json()["error"]["code"] == "dit_unavailable"
+        assert time.monotonic() - killed_at < 10  # failed fast, not after the generation ran out
+    finally:
+        generator.dit = healthy
+        doomed.kill()
+        doomed.wait()
+    counts = settled(stack)
+    assert not any(counts.values()), counts
+    assert post(stack, prompt="the engine keeps serving", num_inference_steps=2).status_code == 200
+
+
+def test_eight_concurrent_requests_match_their_solo_images(stack):
+    prompts = [(f"object number {i}", 100 + i) for i in range(8)]
+    solo = {seed: post(stack, prompt=p, seed=seed, num_inference_steps=2).json()["data"][0]["b64_json"]
+            for p, seed in prompts}
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(lambda ps: post(stack, prompt=ps[0], seed=ps[1], num_inference_steps=2), prompts))
+    for (_, seed), response in zip(prompts, together):
+        assert response.status_code == 200
+        assert response.json()["data"][0]["b64_json"] == solo[seed]
+    assert not any(settled(stack).values())
+
+
+def test_full_queue_is_429_with_retry_after(stack):
+    capacity = stack.settings.max_concurrent_requests + stack.settings.max_queued_requests
+    with concurrent.futures.ThreadPoolExecutor(capacity + 6) as pool:
+        responses = list(pool.map(lambda i: post(stack, prompt=f"crowd {i}", max_new_tokens=20, num_inference_steps=2),
+                                  range(capacity + 6)))
+    statuses = [r.status_code for r in responses]
+    assert statuses.count(429) >= 1 and set(statuses) <= {200, 429}
+    refused = next(r for r in responses if r.status_code == 429)
+    assert refused.headers["retry-after"] and refused.json()["error"]["type"] == "rate_limit_error"
+    assert not any(settled(stack).values())

@@ -1,0 +1,117 @@
+"""End to end through the official ``openai`` client (strict response validation), real servers
+on loopback: AR (vLLM) → streamed handoff → DiT (diffusers) → OpenAI-shaped answers."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import httpx
+import openai
+import pytest
+from openai import OpenAI
+from PIL import Image
+
+from tests.conftest import API_KEY
+
+pytestmark = pytest.mark.slow
+
+FAST = {"num_inference_steps": 2}
+# Over one CPU block (128 tokens) with the template, so a repeat hits the prefix cache.
+LONG_PROMPT = ", ".join(["a quiet harbour at dawn with fishing boats and gulls"] * 14)
+
+
+@pytest.fixture(scope="module")
+def client(stack) -> OpenAI:
+    return OpenAI(base_url=stack.api_base, api_key=API_KEY, max_retries=0, timeout=300,
+                  _strict_response_validation=True)
+
+
+def png(b64: str) -> Image.Image:
+    image = Image.open(io.BytesIO(base64.b64decode(b64)))
+    image.load()
+    return image
+
+
+def test_generate_returns_png_of_requested_size(client):
+    result = client.images.generate(model="ardit", prompt="a red fox in the snow", size="64x48",
+                                    extra_body={"seed": 3, **FAST})
+    image = png(result.data[0].b64_json)
+    assert image.format == "PNG" and image.size == (64, 48)
+    assert result.usage.input_tokens > 34 and result.usage.total_tokens == result.usage.input_tokens + result.usage.output_tokens
+    assert result.size == "64x48" and result.output_format == "png"
+
+
+def test_same_seed_same_bytes_other_seed_other_bytes(client):
+    def run(seed):
+        r = client.images.generate(prompt="a lighthouse at dusk", size="64x64", extra_body={"seed": seed, **FAST})
+        return r.data[0].b64_json
+
+    first, again, other = run(11), run(11), run(12)
+    assert first == again
+    assert first != other
+
+
+def test_extras_take_effect(client):
+    base = client.images.generate(prompt="a teapot", size="64x64", extra_body={"seed": 5, **FAST})
+    more_steps = client.images.generate(prompt="a teapot", size="64x64", extra_body={"seed": 5, "num_inference_steps": 3})
+    assert base.data[0].b64_json != more_steps.data[0].b64_json
+    generated = client.images.generate(prompt="a teapot", size="64x64", extra_body={"seed": 5, "max_new_tokens": 5, **FAST})
+    assert generated.usage.output_tokens == 5
+    assert generated.data[0].revised_prompt  # the AR's generated text
+    cfg = client.images.generate(prompt="a teapot", size="64x64",
+                                 extra_body={"seed": 5, "guidance_scale": 4.0, "negative_prompt": "blurry", **FAST})
+    assert cfg.data[0].b64_json != base.data[0].b64_json
+    assert cfg.usage.input_tokens > base.usage.input_tokens  # the negative prompt was encoded too
+
+
+def test_n_images_with_consecutive_seeds(client):
+    both = client.images.generate(prompt="a kite", size="64x64", n=2, extra_body={"seed": 20, **FAST})
+    second_alone = client.images.generate(prompt="a kite", size="64x64", extra_body={"seed": 21, **FAST})
+    assert len(both.data) == 2
+    assert both.data[1].b64_json == second_alone.data[0].b64_json
+
+
+def test_repeated_prompt_is_served_from_the_prefix_cache(client):
+    first = client.images.generate(prompt=LONG_PROMPT, size="64x64", extra_body={"seed": 1, "cache_salt": "e2e-repeat", **FAST})
+    second = client.images.generate(prompt=LONG_PROMPT, size="64x64", extra_body={"seed": 1, "cache_salt": "e2e-repeat", **FAST})
+    assert first.usage.model_extra["cached_tokens"] == 0
+    assert second.usage.model_extra["cached_tokens"] > 0
+    assert second.usage.model_extra["cached_tokens"] == (first.usage.input_tokens - 1) // 128 * 128
+    assert first.data[0].b64_json == second.data[0].b64_json
+
+
+def test_url_response_format_serves_the_image(client, stack):
+    result = client.images.generate(prompt="a cactus", size="64x64", response_format="url", extra_body={"seed": 2, **FAST})
+    url = result.data[0].url
+    assert url.startswith(stack.ar.url) and "/v1/images/img_" in url
+    fetched = httpx.get(url, headers={"authorization": f"Bearer {API_KEY}"})
+    assert fetched.status_code == 200 and fetched.headers["content-type"] == "image/png"
+    assert Image.open(io.BytesIO(fetched.content)).size == (64, 64)
+
+
+def test_jpeg_and_webp_output(client):
+    for fmt in ("jpeg", "webp"):
+        r = client.images.generate(prompt="a boat", size="64x64", output_format=fmt, output_compression=80,
+                                   extra_body={"seed": 2, **FAST})
+        assert Image.open(io.BytesIO(base64.b64decode(r.data[0].b64_json))).format == fmt.upper()
+
+
+def test_streaming_partial_then_completed(client):
+    events = list(client.images.generate(prompt="a lantern", size="64x64", stream=True, partial_images=2,
+                                         extra_body={"seed": 4, "num_inference_steps": 4}))
+    kinds = [e.type for e in events]
+    assert kinds[-1] == "image_generation.completed"
+    partials = [e for e in events if e.type == "image_generation.partial_image"]
+    assert [p.partial_image_index for p in partials] == [0, 1]
+    assert png(partials[0].b64_json).size == (64, 64)
+    completed = events[-1]
+    assert png(completed.b64_json).size == (64, 64) and completed.usage.input_tokens > 0
+
+
+def test_models_endpoints(client):
+    models = client.models.list()
+    assert [m.id for m in models.data] == ["ardit"]
+    assert client.models.retrieve("ardit").id == "ardit"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("dall-e-9")
