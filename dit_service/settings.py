@@ -97,7 +97,7 @@ class DitSettings(BaseSettings):
     # --- diffusion limits -----------------------------------------------------------------------
     max_pixels: Annotated[int, Field(ge=1)] = Field(2 * 1024 * 1024, description="Max width*height.")
     max_inference_steps: Annotated[int, Field(ge=1)] = Field(100, description="Max num_inference_steps.")
-    max_images_per_handoff: Annotated[int, Field(ge=1)] = Field(4, description="Max num_images.")
+    max_images_per_handoff: Annotated[int, Field(ge=1)] = Field(10, description="Max num_images (OpenAI allows n up to 10).")
     max_guidance_scale: Annotated[float, Field(ge=0)] = Field(50.0, description="Max guidance_scale.")
 
     @property
