@@ -14,6 +14,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+import torch
 from fastapi import FastAPI, Request
 from prometheus_client import CollectorRegistry
 
@@ -66,7 +67,7 @@ def create_ar_app(settings: ArSettings, registry: CollectorRegistry | None = Non
             "version": __version__,
             "model": settings.model_dir.name,
             "dtype": settings.dtype,
-            "device": "cpu",
+            "device": "cuda" if torch.cuda.is_available() else "cpu",
             "conditioning": settings.conditioning,
             "prefix_caching": str(settings.enable_prefix_caching).lower(),
         }
