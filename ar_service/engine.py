@@ -172,7 +172,7 @@ class HiddenStateEngine:
             if self._channel is not None
             else None
         )
-        run = _EngineRun(self._engine, request)
+        run = _EngineRun(self._engine, request, capture=rows is not None)
         task = asyncio.create_task(run.consume(), name=f"engine-{request.stream_id}")
         try:
             async for event in self._merge(run, task, rows, request):
@@ -245,7 +245,7 @@ class HiddenStateEngine:
 class _EngineRun:
     """Consumes one request's RequestOutputs (token ids and counts) alongside the rows."""
 
-    def __init__(self, engine, request: EngineRequest) -> None:
+    def __init__(self, engine, request: EngineRequest, capture: bool) -> None:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -256,7 +256,7 @@ class _EngineRun:
             temperature=request.temperature,
             seed=request.seed,
             output_kind=RequestOutputKind.DELTA,
-            extra_args={"kv_transfer_params": {STREAM_ID_KEY: request.stream_id}},
+            extra_args={"kv_transfer_params": {STREAM_ID_KEY: request.stream_id}} if capture else None,
         )
         self.generated: list[int] = []
         self.final = None

@@ -51,7 +51,9 @@ class DitRejected(Exception):
 class HandoffStats:
     bytes_sent: int = 0
     frames_sent: int = 0
-    last_row_at: float | None = None  # perf_counter when the close frame was handed to the transport
+    # perf_counter when the AR produced its last row (set by the frame source; else when the
+    # close frame was handed to the transport)
+    last_row_at: float | None = None
     acknowledged_at: float | None = None  # perf_counter when the DiT answered (handoff complete)
 
     @property
@@ -98,8 +100,9 @@ class HandoffClient:
         encoder: HandoffEncoder,
         frames: FrameSource,
         on_partial_image: PartialImageSink | None = None,
+        stats: HandoffStats | None = None,
     ) -> RenderResult:
-        result = RenderResult()
+        result = RenderResult(stats=stats or HandoffStats())
         stats = result.stats
 
         async def body() -> AsyncIterator[Buffer]:
@@ -108,7 +111,8 @@ class HandoffClient:
                     stats.bytes_sent += memoryview(buf).nbytes
                     yield buf
                 stats.frames_sent += 1
-            stats.last_row_at = time.perf_counter()
+            if stats.last_row_at is None:
+                stats.last_row_at = time.perf_counter()
 
         headers = {"content-type": HANDOFF_MEDIA_TYPE, "x-request-id": encoder.open.request_id}
         if self._token:

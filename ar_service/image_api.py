@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Literal
@@ -31,6 +32,8 @@ from services.app import ReadinessProbe
 from services.errors import ApiError
 from shared.frames import DiffusionParams
 from shared.result_frames import PartialImageFrame
+
+log = logging.getLogger("ardit.ar.api")
 
 Quality = Literal["auto", "low", "medium", "high", "xhigh", "max", "standard", "hd"]
 # Denoising steps when the request does not say: quality is the knob OpenAI clients have.
@@ -162,7 +165,11 @@ class ImageApi:
 
     async def run(self, gen: GenerationRequest, partial_sink=None) -> GenerationResult:
         try:
-            return await self.generator.generate(gen, partial_sink)
+            result = await self.generator.generate(gen, partial_sink)
+            u = result.usage
+            log.info("served %d image(s): %d prompt tokens (%d cached), %d generated, %.2fs", len(result.images),
+                     u.prompt_tokens, u.cached_tokens, u.generated_tokens, time.perf_counter() - gen.received_at)
+            return result
         except PromptTooLong as exc:
             raise ApiError(400, str(exc), param="prompt", code="context_length_exceeded") from None
         except DitRejected as exc:

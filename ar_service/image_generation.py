@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from ar_service.engine import EngineRequest, FinishedEvent, HiddenStateEngine, RowsEvent
-from ar_service.handoff_client import HandoffClient, PartialImageSink
+from ar_service.handoff_client import HandoffClient, HandoffStats, PartialImageSink
 from ar_service.metrics import ArMetrics
 from ar_service.prompt_builder import PromptBuilder
 from ar_service.settings import ArSettings
@@ -86,6 +86,7 @@ class ImageGenerator:
         encoder = HandoffEncoder(open_frame)
         events: asyncio.Queue = asyncio.Queue()
         finished: dict[StreamName, FinishedEvent] = {}
+        stats = HandoffStats()
         pumps = [
             asyncio.create_task(self._pump(name, engine_request, events), name=f"pump-{engine_request.stream_id}")
             for name, engine_request in engine_requests.items()
@@ -104,6 +105,8 @@ class ImageGenerator:
                     yield enc.rows(name, event.start, event.token_ids, event.rows)
                 else:
                     held.append((name, event))
+            # The handoff tail starts here, whether rows already went out or are still held.
+            stats.last_row_at = time.perf_counter()
             for name, event in held:
                 yield enc.rows(name, event.start, event.token_ids, event.rows)
             yield enc.close(
@@ -116,7 +119,7 @@ class ImageGenerator:
 
         self._metrics.handoffs_in_flight.inc()
         try:
-            result = await self.dit.render(encoder, frames, on_partial_image)
+            result = await self.dit.render(encoder, frames, on_partial_image, stats)
         finally:
             self._metrics.handoffs_in_flight.dec()
             for pump in pumps:

@@ -93,6 +93,8 @@ class ResultStream:
                     timings = await asyncio.to_thread(self._runner.render, job, emit, cancel)
                 finally:
                     metrics.pipeline_runs_in_flight.dec()
+                log.info("rendered %d image(s) of %dx%d, %d steps", job.params.num_images, job.params.width,
+                         job.params.height, job.params.num_inference_steps)
         except RenderCancelled:
             metrics.pipeline_failures.labels("client_disconnected").inc()
         except Exception:

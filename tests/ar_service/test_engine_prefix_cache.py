@@ -59,9 +59,12 @@ def test_miss_then_hit_default_block(stack, blocks, offset):
 @pytest.fixture(scope="module")
 def small_block_engine() -> Iterator[tuple[BackgroundLoop, HiddenStateEngine]]:
     """A second engine with the smallest block vLLM's CPU attention accepts (a multiple of 32;
-    16 fails with 'No common block size for 16 (CPU_ATTN: [MultipleOf(32)])')."""
+    16 fails with 'No common block size for 16 (CPU_ATTN: [MultipleOf(32)])'), and a small step
+    budget so that prompts over 48 tokens are prefilled in chunks over several steps."""
     loop = BackgroundLoop()
-    engine = HiddenStateEngine(ArSettings(block_size=32, kv_cache_bytes=256 << 20, max_model_len=2048))
+    engine = HiddenStateEngine(
+        ArSettings(block_size=32, kv_cache_bytes=256 << 20, max_model_len=2048, max_num_batched_tokens=48)
+    )
     engine.start()
     yield loop, engine
     engine.shutdown()
@@ -74,6 +77,14 @@ def test_miss_then_hit_block_32(small_block_engine, blocks, offset):
     loop, engine = small_block_engine
     assert engine.block_size == 32
     check_miss_then_hit(loop.call, engine, blocks * 32 + offset, seed=100 + blocks * 10 + offset)
+
+
+def test_chunked_prefill_streams_prompt_rows_over_several_steps(small_block_engine):
+    loop, engine = small_block_engine
+    run = loop.call(run_engine(engine, token_prompt(130, 42), max_new_tokens=2, cache_salt=uuid.uuid4().hex))
+    prompt_chunks = [(start, count) for start, count in run.chunks if start < 130]
+    assert len(prompt_chunks) >= 3 and all(count <= 48 for _, count in prompt_chunks)
+    assert run.rows.shape[0] == 131 and run.row_token_ids == run.finished.token_ids[:-1]
 
 
 def test_warm_and_cold_together_get_their_own_counts_and_rows(stack):

@@ -282,7 +282,7 @@ def test_conditioning_mismatch_is_refused_at_open(dit_server, open_options, para
         (params(width=2048, height=2048), "diffusion.width"),
         (params(num_inference_steps=1), "diffusion.num_inference_steps"),
         (params(num_inference_steps=101), "diffusion.num_inference_steps"),
-        (params(num_images=5), "diffusion.num_images"),
+        (params(num_images=11), "diffusion.num_images"),
         (params(guidance_scale=4.0), "diffusion.guidance_scale"),
         (params(guidance_scale=float("inf")), "diffusion.guidance_scale"),
     ],

@@ -115,3 +115,17 @@ def test_models_endpoints(client):
     assert client.models.retrieve("ardit").id == "ardit"
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("dall-e-9")
+
+
+def test_request_id_is_echoed_and_logged_by_both_services(stack, caplog):
+    from services.request_context import RequestIdLogFilter
+
+    caplog.set_level("INFO")
+    caplog.handler.addFilter(RequestIdLogFilter())
+    response = httpx.post(f"{stack.api_base}/images/generations", headers={"authorization": f"Bearer {API_KEY}",
+                          "x-request-id": "trace-e2e-42"}, json={"prompt": "a bell", "size": "64x64", **FAST},
+                          timeout=300)
+    assert response.status_code == 200 and response.headers["x-request-id"] == "trace-e2e-42"
+    traced = {r.name for r in caplog.records if getattr(r, "request_id", None) == "trace-e2e-42"}
+    assert "ardit.ar.api" in traced  # the AR's line for this request
+    assert any(name.startswith("ardit.dit") for name in traced)  # the DiT's, via the handoff's header
