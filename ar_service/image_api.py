@@ -13,6 +13,7 @@ import asyncio
 import base64
 import json
 import logging
+import secrets
 import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Literal
@@ -101,7 +102,7 @@ class ImageApi:
         scheme, _, key = header.partition(" ")
         if scheme.lower() != "bearer" or not key:
             raise ApiError(401, "missing API key: send Authorization: Bearer <key>", code="missing_api_key")
-        if key not in self.settings.api_keys:
+        if not any(secrets.compare_digest(key, known) for known in self.settings.api_keys):
             raise ApiError(401, "incorrect API key provided", code="invalid_api_key")
 
     async def check_ready(self) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import os
 import signal
 import socket
@@ -126,4 +127,20 @@ def test_full_queue_is_429_with_retry_after(stack):
     assert statuses.count(429) >= 1 and set(statuses) <= {200, 429}
     refused = next(r for r in responses if r.status_code == 429)
     assert refused.headers["retry-after"] and refused.json()["error"]["type"] == "rate_limit_error"
+    assert not any(settled(stack).values())
+
+
+def test_error_during_a_stream_arrives_as_an_sse_error_event(stack):
+    generator = stack.runtime.generator
+    healthy = generator.dit
+    generator.dit = HandoffClient(f"http://127.0.0.1:{free_port()}", HANDOFF_TOKEN, 2.0, 10.0)  # nobody listens
+    try:
+        response = post(stack, prompt="no dit", stream=True, partial_images=1, num_inference_steps=2)
+    finally:
+        generator.dit = healthy
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+    events = [line.removeprefix("data: ") for line in response.text.splitlines() if line.startswith("data: ")]
+    assert len(events) == 1
+    error = json.loads(events[0])["error"]
+    assert error["code"] == "dit_unavailable" and set(error) == {"message", "type", "param", "code"}
     assert not any(settled(stack).values())
