@@ -61,11 +61,16 @@ def stop(processes: list[subprocess.Popen]) -> None:
 def main() -> int:
     env = service_environment()
     url = env["ARDIT_LAUNCHER_AR_URL"]
+    # Own sessions: a terminal's Ctrl-C reaches only the launcher, which then asks each service
+    # once to shut down (a second SIGINT would make uvicorn skip its graceful shutdown).
     processes = [
-        subprocess.Popen([sys.executable, "-m", "dit_service"], env=env),
-        subprocess.Popen([sys.executable, "-m", "ar_service"], env=env),
+        subprocess.Popen([sys.executable, "-m", "dit_service"], env=env, start_new_session=True),
+        subprocess.Popen([sys.executable, "-m", "ar_service"], env=env, start_new_session=True),
     ]
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt))
+    # Ctrl-C and SIGTERM both stop the pair; SIGINT explicitly, since a launcher started in the
+    # background inherits it ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         if not wait_ready(url, processes, timeout=float(env.get("ARDIT_LAUNCHER_READY_TIMEOUT", "600"))):
             print("ardit: a service failed to start (see the log above)", file=sys.stderr)
