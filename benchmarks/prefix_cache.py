@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
 import statistics
 import threading
@@ -150,7 +151,13 @@ def main() -> None:
     parser.add_argument("--short", type=int, default=600)
     parser.add_argument("--new-tokens", type=int, default=8)
     parser.add_argument("--out", type=Path, default=RESULTS / "prefix_cache.json")
+    parser.add_argument("--pin-threads", action="store_true",
+                        help="give every engine all cores (VLLM_CPU_OMP_THREADS_BIND=0-N)")
     args = parser.parse_args()
+    if args.pin_threads:
+        # vLLM's 'auto' binding reserves a different number of cores with and without the
+        # speculative method (2 vs 1 here), so the capture-off engine got half the threads.
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{os.cpu_count() - 1}"
 
     prompts = {"long": workload(args.long, 1), "short": workload(args.short, 2)}
     common = dict(kv_cache_bytes=1 << 30, max_model_len=8192, max_num_batched_tokens=2048)
@@ -165,7 +172,8 @@ def main() -> None:
     }
     report: dict = {
         "command": "python benchmarks/prefix_cache.py " + " ".join(
-            f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out"),
+            f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k not in ("out", "pin_threads"))
+        + (" --pin-threads" if args.pin_threads else "") + f" --out {args.out}",
         "machine": {"node": platform.platform(), "cpu": platform.processor() or platform.machine(),
                     "cores": psutil.cpu_count(), "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
                     "torch": torch.__version__, "model": ArSettings().model_dir.name, "dtype": "float32"},
