@@ -82,3 +82,20 @@ def test_admin_reset_requires_the_admin_token(stack):
     assert httpx.post(f"{stack.ar.url}/admin/reset_prefix_cache").status_code == 401
     ok = httpx.post(f"{stack.ar.url}/admin/reset_prefix_cache", headers={"authorization": f"Bearer {ADMIN_TOKEN}"})
     assert ok.status_code == 200 and "reset" in ok.json()
+
+
+def test_health_on_both_and_503_while_the_dit_is_not_ready(stack, client):
+    for url in (stack.ar.url, stack.dit.url):
+        assert httpx.get(f"{url}/healthz").json() == {"status": "ok"}
+        assert httpx.get(f"{url}/readyz").status_code == 200
+    runtime = stack.runtime
+    # The AR's last DiT probe said "not ready", recently enough not to be repeated.
+    runtime.peer_ready, runtime.peer_checked_at = False, float("inf")
+    try:
+        assert httpx.get(f"{stack.ar.url}/readyz").status_code == 503
+        with pytest.raises(openai.InternalServerError) as info:
+            client.images.generate(prompt="x", size="64x64", extra_body={"num_inference_steps": 2})
+        assert info.value.status_code == 503 and info.value.body["code"] == "not_ready"
+    finally:
+        runtime.peer_checked_at = 0.0
+    assert httpx.get(f"{stack.ar.url}/readyz").status_code == 200
