@@ -10,6 +10,8 @@ xxh3 rather than zlib's crc32: crc32 costs more than copying the rows (benchmark
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import xxhash
 
 from shared.frame_types import Buffer
@@ -24,9 +26,8 @@ class PayloadHasher:
 
     def __init__(self) -> None:
         self._hash = xxhash.xxh3_64()
-
-    def update(self, piece: Buffer) -> None:
-        self._hash.update(piece)
+        # Bound once: the receiver calls it for every landing slice.
+        self.update: Callable[[Buffer], None] = self._hash.update
 
     def hexdigest(self) -> str:
         return self._hash.hexdigest()

@@ -28,7 +28,10 @@ from shared.frames import Frame, RowsFrame, StreamName, frame_from_header, frame
 from shared.tensor_codec import TensorLayout, check_layout, tensor_bytes, tensor_from_bytes, wire_dtype
 
 DATA_KEY = "data"
-_LANDING_SLICE = 256 << 10
+# Received payloads are copied and hashed in slices this size, so the hash reads what the copy
+# just brought into cache (L2-sized on current x86 and Arm server cores).
+LANDING_SLICE = 128 << 10
+HEADER_PROBE = 32 << 10
 
 
 def encode_frame(frame: Frame) -> bytes:
@@ -46,27 +49,30 @@ def encode_rows(
     ``prefix`` is the msgpack map up to and including the ``data`` bin header (``data`` is the last
     entry); ``payload`` is the tensor's own memory.
     """
-    payload = tensor_bytes(rows)
+    return encode_row_bytes(
+        request_id, stream, start, token_ids, wire_dtype(rows.dtype), list(rows.shape), tensor_bytes(rows)
+    )
+
+
+def encode_row_bytes(
+    request_id: str, stream: StreamName, start: int, token_ids: list[int], dtype: str, shape: list[int], payload: memoryview
+) -> tuple[RowsFrame, list[Buffer]]:
+    """``encode_rows`` for rows already viewed as bytes: a sender splitting one tensor into several
+    frames slices one byte view instead of making a tensor and a view per frame."""
     frame = RowsFrame(
         request_id=request_id,
         stream=stream,
         start=start,
-        count=rows.shape[0],
+        count=shape[0],
         token_ids=token_ids,
-        dtype=wire_dtype(rows.dtype),
-        shape=list(rows.shape),
+        dtype=dtype,
+        shape=shape,
         checksum=payload_checksum(payload),
     )
-    header = frame_header(frame)
-    packer = msgpack.Packer(use_bin_type=True)
-    parts = [packer.pack_map_header(len(header) + 1)]
-    for key, value in header.items():
-        parts.append(packer.pack(key))
-        parts.append(packer.pack(value))
-    parts.append(packer.pack(DATA_KEY))
-    # Always bin32 so the prefix length does not depend on the payload size.
-    parts.append(b"\xc6" + struct.pack(">I", payload.nbytes))
-    return frame, [b"".join(parts), payload]
+    # Pack the map with 'data' as nil (one byte, 0xc0, last), then put the bin header in its
+    # place: always bin32, so the prefix length does not depend on the payload size.
+    packed = msgpack.packb(frame_header(frame) | {DATA_KEY: None}, use_bin_type=True)
+    return frame, [packed[:-1] + b"\xc6" + struct.pack(">I", payload.nbytes), payload]
 
 
 @dataclass(frozen=True)
@@ -127,8 +133,11 @@ class FrameReader:
         self._pending = bytearray()
         self._rows: RowsFrame | None = None
         self._dest: memoryview | None = None
-        self._hasher = PayloadHasher()
+        self._hasher: PayloadHasher | None = None
         self._filled = 0
+        # Most headers fit in one probe; bounded by the header limit so a probe never holds more
+        # than a legal header plus the 'data' bin header.
+        self._probe = min(HEADER_PROBE, limits.max_header_bytes + 5)
         self.bytes_received = 0
         self.frames = 0
 
@@ -144,11 +153,20 @@ class FrameReader:
             if self._dest is not None:
                 view = self._fill(view)
                 continue
-            # Move a growing probe of bytes into the header buffer, never a whole payload.
-            take = min(view.nbytes, max(4096, len(self._pending)))
-            self._pending += view[:take]
-            parsed = self._parse_header()
+            # Parse from a probe of the chunk, never a whole payload. A header split across
+            # chunks is buffered, and the probe grows geometrically so a long header (a close
+            # frame's token ids) is re-parsed a few times, not once per probe.
+            if self._pending:
+                take = min(view.nbytes, 3 * len(self._pending))
+                self._pending += view[:take]
+                head: Buffer = self._pending
+            else:
+                take = min(view.nbytes, self._probe)
+                head = view[:take]
+            parsed = self._parse_header(head)
             if parsed is None:
+                if not self._pending:
+                    self._pending += head
                 if len(self._pending) > self._limits.max_header_bytes:
                     raise FrameTooLarge(f"frame header over {self._limits.max_header_bytes} bytes")
                 view = view[take:]
@@ -156,7 +174,7 @@ class FrameReader:
             frame, consumed = parsed
             # Bytes of the probe past the header are payload or the next frame: re-read them
             # from the caller's chunk rather than from the copy.
-            unused = len(self._pending) - consumed
+            unused = len(head) - consumed
             self._pending.clear()
             view = view[take - unused :]
             if self._dest is None:
@@ -172,25 +190,28 @@ class FrameReader:
         self._sink.accept(frame)
 
     def _fill(self, view: memoryview) -> memoryview:
-        assert self._dest is not None and self._rows is not None
+        assert self._dest is not None and self._rows is not None and self._hasher is not None
         take = min(view.nbytes, self._dest.nbytes - self._filled)
+        received = view[:take]
+        landing = self._dest[self._filled : self._filled + take]
+        update = self._hasher.update
         # Copy and hash in cache-sized slices so the hash reads what the copy just brought in.
-        for at in range(0, take, _LANDING_SLICE):
-            piece = view[at : min(at + _LANDING_SLICE, take)]
-            self._dest[self._filled : self._filled + piece.nbytes] = piece
-            self._hasher.update(piece)
-            self._filled += piece.nbytes
+        for at in range(0, take, LANDING_SLICE):
+            piece = landing[at : at + LANDING_SLICE]
+            piece[:] = received[at : at + LANDING_SLICE]
+            update(piece)
+        self._filled += take
         if self._filled == self._dest.nbytes:
             frame = self._rows
             digest = self._hasher.hexdigest()
-            self._rows, self._dest, self._filled, self._hasher = None, None, 0, PayloadHasher()
+            self._rows, self._dest = None, None
             if digest != frame.checksum:
                 raise ChecksumMismatch(f"rows [{frame.start}, {frame.start + frame.count}): payload checksum mismatch")
             self._deliver(frame)
         return view[take:]
 
-    def _parse_header(self) -> tuple[Frame, int] | None:
-        """Parse the frame at the head of ``_pending``; None if more bytes are needed.
+    def _parse_header(self, head: Buffer) -> tuple[Frame, int] | None:
+        """Parse the frame at the start of ``head``; None if more bytes are needed.
 
         For a rows frame this stops at the ``data`` bin header, sets up landing, and returns
         the offset where the payload starts.
@@ -198,7 +219,7 @@ class FrameReader:
         unpacker = msgpack.Unpacker(
             raw=False,
             strict_map_key=True,
-            max_buffer_size=max(len(self._pending), 1),
+            max_buffer_size=max(memoryview(head).nbytes, 1),
             # Limits on declared lengths, so a lying header cannot make msgpack allocate.
             max_str_len=self._limits.max_header_bytes,
             max_array_len=self._limits.max_header_bytes,
@@ -206,7 +227,7 @@ class FrameReader:
             max_bin_len=0,  # the only bin allowed is 'data', which is parsed by hand below
             max_ext_len=0,
         )
-        unpacker.feed(self._pending)
+        unpacker.feed(head)
         try:
             count = unpacker.read_map_header()
             header: dict = {}
@@ -215,27 +236,38 @@ class FrameReader:
                 if key == DATA_KEY:
                     if index != count - 1:
                         raise MalformedFrame("'data' must be the last entry of a rows frame")
-                    return self._start_payload(header, unpacker.tell())
+                    self._check_header_size(unpacker.tell())
+                    return self._start_payload(header, head, unpacker.tell())
                 header[key] = unpacker.unpack()
         except msgpack.OutOfData:
             return None
         except HandoffError:
             raise
-        except Exception as exc:  # msgpack raises ValueError/TypeError/StackError and more
+        except ValueError as exc:
+            # msgpack's only signal for a declared length over the limits it was given.
+            if "exceeds max_" in str(exc):
+                raise FrameTooLarge(f"frame header over {self._limits.max_header_bytes} bytes: {exc}") from None
             raise MalformedFrame(f"not a msgpack frame map: {exc}") from None
+        except Exception as exc:  # msgpack raises TypeError/StackError and more
+            raise MalformedFrame(f"not a msgpack frame map: {exc}") from None
+        self._check_header_size(unpacker.tell())
         return frame_from_header(header), unpacker.tell()
 
-    def _start_payload(self, header: dict, at: int) -> tuple[Frame, int] | None:
-        head = bytes(self._pending[at : at + 5])
-        if not head:
+    def _check_header_size(self, nbytes: int) -> None:
+        if nbytes > self._limits.max_header_bytes:
+            raise FrameTooLarge(f"frame header of {nbytes} bytes over {self._limits.max_header_bytes}")
+
+    def _start_payload(self, header: dict, head: Buffer, at: int) -> tuple[Frame, int] | None:
+        bin_header = bytes(head[at : at + 5])
+        if not bin_header:
             return None
         sizes = {0xC4: 1, 0xC5: 2, 0xC6: 4}
-        width = sizes.get(head[0])
+        width = sizes.get(bin_header[0])
         if width is None:
             raise MalformedFrame("'data' must be a msgpack bin")
-        if len(head) < 1 + width:
+        if len(bin_header) < 1 + width:
             return None
-        length = int.from_bytes(head[1 : 1 + width], "big")
+        length = int.from_bytes(bin_header[1 : 1 + width], "big")
         frame = frame_from_header(header)
         if not isinstance(frame, RowsFrame):
             raise MalformedFrame(f"a {frame.kind} frame carries no data")
@@ -248,7 +280,7 @@ class FrameReader:
         if dest.nbytes != length:
             raise ValueError("land() returned a destination of the wrong size")
         if length:
-            self._rows, self._dest, self._filled = frame, dest, 0
+            self._rows, self._dest, self._filled, self._hasher = frame, dest, 0, PayloadHasher()
         elif payload_checksum(b"") != frame.checksum:
             raise ChecksumMismatch("empty rows frame with a wrong checksum")
         return frame, at + 1 + width

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from shared.errors import MalformedFrame, UnknownFrameKind, UnsupportedSchemaVersion
 
@@ -24,6 +24,17 @@ NonNegInt = Annotated[int, Field(ge=0)]
 PosInt = Annotated[int, Field(gt=0)]
 RequestId = Annotated[str, Field(min_length=1, max_length=128)]
 Checksum = Annotated[str, Field(pattern=r"^[0-9a-f]{16}$")]
+
+
+def _non_negative(ids: list[int]) -> list[int]:
+    if ids and min(ids) < 0:
+        raise ValueError("token ids are non-negative")
+    return ids
+
+
+# One check over the list rather than a constraint per item: a close frame carries every token
+# of the sequence and per-item constraints cost twice as much (benchmarks/handoff_codec.py).
+TokenIds = Annotated[list[int], AfterValidator(_non_negative)]
 
 
 class _Model(BaseModel):
@@ -75,7 +86,7 @@ class RowsFrame(_Model):
     stream: StreamName
     start: NonNegInt
     count: NonNegInt
-    token_ids: list[NonNegInt]
+    token_ids: TokenIds
     dtype: str
     shape: list[NonNegInt]
     # xxh3-64 of this frame's payload (see checksum.py).
@@ -86,7 +97,7 @@ class StreamTotals(_Model):
     rows: NonNegInt
     # Every token of the sequence, prompt then generated. The last sampled token has no row,
     # so len(token_ids) is rows or rows + 1.
-    token_ids: list[NonNegInt]
+    token_ids: TokenIds
     answer_start_index: NonNegInt
     # xxh3-64 over the stream's frame checksums in row order (see checksum.py).
     checksum: Checksum

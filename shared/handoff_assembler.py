@@ -193,7 +193,7 @@ class HandoffAssembler:
     @staticmethod
     def _close_stream(name: str, stream: _StreamBuffer, totals: StreamTotals) -> AssembledStream:
         n = totals.rows
-        if n > len(stream.filled) or stream.received != n or not all(stream.filled[:n]):
+        if n > len(stream.filled) or stream.received != n or 0 in stream.filled[:n]:
             raise RowCountMismatch(f"{name}: close says {n} rows, {stream.received} arrived (or with gaps)")
         if not n <= len(totals.token_ids) <= n + 1:
             raise TokenCountMismatch(f"{name}: {len(totals.token_ids)} token ids for {n} rows (expected {n} or {n + 1})")

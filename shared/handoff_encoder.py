@@ -7,13 +7,15 @@ row blocks so no frame exceeds the receiver's payload limit, and never copies ro
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 
 from shared.checksum import stream_checksum
-from shared.frame_codec import encode_frame, encode_rows
+from shared.frame_codec import encode_frame, encode_row_bytes
 from shared.frame_types import Buffer
 from shared.frames import AbortFrame, CloseFrame, OpenFrame, StreamName, StreamTotals
-from shared.tensor_codec import wire_dtype
+from shared.tensor_codec import tensor_bytes, wire_dtype
 
 DEFAULT_MAX_FRAME_PAYLOAD = 16 << 20
 
@@ -34,24 +36,45 @@ class HandoffEncoder:
         return self._count([encode_frame(self.open)])
 
     def rows(self, stream: StreamName, start: int, token_ids: list[int], rows: torch.Tensor) -> list[Buffer]:
-        """Frames for ``rows`` (a host tensor [n, hidden]) starting at row ``start``."""
+        """The wire buffers for ``rows`` (a host tensor [n, hidden]) starting at row ``start``."""
+        return [buf for frame in self.row_frames(stream, start, token_ids, rows) for buf in frame]
+
+    def row_frames(
+        self, stream: StreamName, start: int, token_ids: list[int], rows: torch.Tensor
+    ) -> Iterator[list[Buffer]]:
+        """Like ``rows``, one frame's buffers at a time, each encoded only when asked for.
+
+        A sender that writes each frame before asking for the next hashes a frame and then sends
+        it while it is still in cache, instead of hashing a whole prompt before sending any of it.
+        """
         if rows.dim() != 2 or rows.shape[1] != self.open.hidden_size or rows.shape[0] != len(token_ids):
             raise ValueError(f"rows {tuple(rows.shape)} do not match hidden {self.open.hidden_size} / {len(token_ids)} ids")
         dtype = wire_dtype(rows.dtype)
         if dtype != self.open.dtype:
             raise ValueError(f"rows are {dtype}, the handoff was opened as {self.open.dtype}")
-        rows = rows.contiguous()
-        per_frame = max(1, self._max_payload // max(1, rows.shape[1] * rows.element_size()))
-        buffers: list[Buffer] = []
-        for offset in range(0, rows.shape[0], per_frame):
-            block = rows[offset : offset + per_frame]
-            frame, wire = encode_rows(
-                self.open.request_id, stream, start + offset, token_ids[offset : offset + block.shape[0]], block
+        return self._row_frames(stream, start, token_ids, rows.contiguous())
+
+    def _row_frames(
+        self, stream: StreamName, start: int, token_ids: list[int], rows: torch.Tensor
+    ) -> Iterator[list[Buffer]]:
+        count, hidden = rows.shape
+        row_bytes = hidden * rows.element_size()
+        per_frame = max(1, self._max_payload // max(1, row_bytes))
+        payload = tensor_bytes(rows)
+        for first in range(0, count, per_frame):
+            n = min(per_frame, count - first)
+            frame, wire = encode_row_bytes(
+                self.open.request_id,
+                stream,
+                start + first,
+                token_ids[first : first + n],
+                self.open.dtype,
+                [n, hidden],
+                payload[first * row_bytes : (first + n) * row_bytes],
             )
             self._frame_checksums[stream][frame.start] = frame.checksum
-            self._rows_sent[stream] += frame.count
-            buffers += wire
-        return self._count(buffers)
+            self._rows_sent[stream] += n
+            yield self._count(wire)
 
     def close(
         self,
@@ -61,8 +84,10 @@ class HandoffEncoder:
         cache_creation_tokens: int,
         timings: dict[str, float] | None = None,
     ) -> list[Buffer]:
+        # Built without validation: a close frame carries every token id of the sequence, and a
+        # per-token pass here would only repeat the one the receiver must make anyway.
         streams = {
-            name: StreamTotals(
+            name: StreamTotals.model_construct(
                 rows=self._rows_sent[name],
                 token_ids=token_ids[name],
                 answer_start_index=answer_start_index[name],
@@ -82,7 +107,7 @@ class HandoffEncoder:
     def abort(self, reason: str) -> list[Buffer]:
         return self._count([encode_frame(AbortFrame(request_id=self.open.request_id, reason=reason[:1024]))])
 
-    def _count(self, buffers: list[Buffer]) -> list[Buffer]:
-        self.frames_encoded += sum(1 for b in buffers if not isinstance(b, memoryview))
-        self.bytes_encoded += sum(memoryview(b).nbytes for b in buffers)
-        return buffers
+    def _count(self, frame: list[Buffer]) -> list[Buffer]:
+        self.frames_encoded += 1
+        self.bytes_encoded += sum(memoryview(b).nbytes for b in frame)
+        return frame

@@ -83,8 +83,7 @@ def tensor_bytes(tensor: torch.Tensor) -> memoryview:
     if tensor.device.type != "cpu":
         raise ValueError("tensor_bytes needs a host tensor; copy device tensors to (pinned) host memory first")
     wire_dtype(tensor.dtype)
-    flat = tensor.contiguous().reshape(-1).view(torch.uint8)
-    return memoryview(flat.numpy()).cast("B")
+    return memoryview(tensor.contiguous().view(torch.uint8).numpy()).cast("B")
 
 
 def tensor_from_bytes(data: bytes | bytearray | memoryview, layout: TensorLayout) -> torch.Tensor:
