@@ -25,13 +25,21 @@ from shared.checksum import PayloadHasher, payload_checksum
 from shared.errors import ChecksumMismatch, FrameTooLarge, HandoffError, IncompleteStream, MalformedFrame, ShapeMismatch
 from shared.frame_types import Buffer
 from shared.frames import Frame, RowsFrame, StreamName, frame_from_header, frame_header
-from shared.tensor_codec import TensorLayout, check_layout, tensor_bytes, tensor_from_bytes, wire_dtype
+from shared.tensor_codec import (
+    TensorLayout,
+    check_layout,
+    tensor_bytes,
+    tensor_from_bytes,
+    token_ids_to_bytes,
+    wire_dtype,
+)
 
 DATA_KEY = "data"
 # Received payloads are copied and hashed in slices this size, so the hash reads what the copy
 # just brought into cache (L2-sized on current x86 and Arm server cores).
 LANDING_SLICE = 128 << 10
 HEADER_PROBE = 32 << 10
+_BIN_LENGTH_BYTES = {0xC4: 1, 0xC5: 2, 0xC6: 4}  # bin8, bin16, bin32
 
 
 def encode_frame(frame: Frame) -> bytes:
@@ -64,14 +72,16 @@ def encode_row_bytes(
         stream=stream,
         start=start,
         count=shape[0],
-        token_ids=token_ids,
+        token_ids=token_ids_to_bytes(token_ids),
         dtype=dtype,
         shape=shape,
         checksum=payload_checksum(payload),
     )
     # Pack the map with 'data' as nil (one byte, 0xc0, last), then put the bin header in its
     # place: always bin32, so the prefix length does not depend on the payload size.
-    packed = msgpack.packb(frame_header(frame) | {DATA_KEY: None}, use_bin_type=True)
+    header = frame_header(frame)
+    header[DATA_KEY] = None
+    packed = msgpack.packb(header, use_bin_type=True)
     return frame, [packed[:-1] + b"\xc6" + struct.pack(">I", payload.nbytes), payload]
 
 
@@ -224,7 +234,7 @@ class FrameReader:
             max_str_len=self._limits.max_header_bytes,
             max_array_len=self._limits.max_header_bytes,
             max_map_len=1024,
-            max_bin_len=0,  # the only bin allowed is 'data', which is parsed by hand below
+            max_bin_len=self._limits.max_header_bytes,  # token ids; 'data' is parsed by hand below
             max_ext_len=0,
         )
         unpacker.feed(head)
@@ -258,16 +268,15 @@ class FrameReader:
             raise FrameTooLarge(f"frame header of {nbytes} bytes over {self._limits.max_header_bytes}")
 
     def _start_payload(self, header: dict, head: Buffer, at: int) -> tuple[Frame, int] | None:
-        bin_header = bytes(head[at : at + 5])
-        if not bin_header:
+        view = memoryview(head)
+        if at >= view.nbytes:
             return None
-        sizes = {0xC4: 1, 0xC5: 2, 0xC6: 4}
-        width = sizes.get(bin_header[0])
+        width = _BIN_LENGTH_BYTES.get(view[at])
         if width is None:
             raise MalformedFrame("'data' must be a msgpack bin")
-        if len(bin_header) < 1 + width:
+        if view.nbytes < at + 1 + width:
             return None
-        length = int.from_bytes(bin_header[1 : 1 + width], "big")
+        length = int.from_bytes(view[at + 1 : at + 1 + width], "big")
         frame = frame_from_header(header)
         if not isinstance(frame, RowsFrame):
             raise MalformedFrame(f"a {frame.kind} frame carries no data")

@@ -15,8 +15,9 @@ from typing import Annotated, Literal, Union
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from shared.errors import MalformedFrame, UnknownFrameKind, UnsupportedSchemaVersion
+from shared.tensor_codec import TOKEN_ID_BYTES
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 StreamName = Literal["cond", "uncond"]
 OutputFormat = Literal["png", "jpeg", "webp"]
@@ -26,15 +27,15 @@ RequestId = Annotated[str, Field(min_length=1, max_length=128)]
 Checksum = Annotated[str, Field(pattern=r"^[0-9a-f]{16}$")]
 
 
-def _non_negative(ids: list[int]) -> list[int]:
-    if ids and min(ids) < 0:
-        raise ValueError("token ids are non-negative")
-    return ids
+def _whole_token_ids(data: bytes) -> bytes:
+    if len(data) % TOKEN_ID_BYTES:
+        raise ValueError(f"token_ids holds {TOKEN_ID_BYTES}-byte ids, got {len(data)} bytes")
+    return data
 
 
-# One check over the list rather than a constraint per item: a close frame carries every token
-# of the sequence and per-item constraints cost twice as much (benchmarks/handoff_codec.py).
-TokenIds = Annotated[list[int], AfterValidator(_non_negative)]
+# Raw little-endian uint32, like the row data (tensor_codec.py): no per-id work on either side,
+# and 4 bytes an id where msgpack needs 5 for ids past 65535 (large vocabularies).
+TokenIds = Annotated[bytes, AfterValidator(_whole_token_ids)]
 
 
 class _Model(BaseModel):
@@ -86,9 +87,11 @@ class RowsFrame(_Model):
     stream: StreamName
     start: NonNegInt
     count: NonNegInt
+    # One id per row (tensor_codec.token_ids_to_bytes).
     token_ids: TokenIds
     dtype: str
-    shape: list[NonNegInt]
+    # [count, hidden_size]
+    shape: Annotated[list[NonNegInt], Field(min_length=2, max_length=2)]
     # xxh3-64 of this frame's payload (see checksum.py).
     checksum: Checksum
 
@@ -96,7 +99,7 @@ class RowsFrame(_Model):
 class StreamTotals(_Model):
     rows: NonNegInt
     # Every token of the sequence, prompt then generated. The last sampled token has no row,
-    # so len(token_ids) is rows or rows + 1.
+    # so the stream has rows or rows + 1 token ids.
     token_ids: TokenIds
     answer_start_index: NonNegInt
     # xxh3-64 over the stream's frame checksums in row order (see checksum.py).

@@ -32,7 +32,14 @@ from shared.frame_codec import FrameLimits, FrameReader
 from shared.frame_types import Buffer
 from shared.row_buffer_pool import RowBufferPool
 from shared.frames import AbortFrame, CloseFrame, Frame, OpenFrame, RowsFrame, StreamTotals
-from shared.tensor_codec import ALLOWED_DTYPES, TensorLayout, byte_view, check_layout
+from shared.tensor_codec import (
+    ALLOWED_DTYPES,
+    TOKEN_ID_BYTES,
+    TensorLayout,
+    byte_view,
+    check_layout,
+    token_ids_from_bytes,
+)
 
 
 @dataclass(frozen=True)
@@ -66,7 +73,7 @@ class _StreamBuffer:
         self.bytes = byte_view(self.raw)[:nbytes]
         self.row_bytes = hidden * dtype.itemsize
         self.filled = bytearray(max_rows)
-        self.token_ids = [0] * max_rows
+        self.token_ids = bytearray(max_rows * TOKEN_ID_BYTES)  # wire form: uint32 per row
         self.received = 0
         self.frame_checksums: dict[int, str] = {}
 
@@ -143,15 +150,15 @@ class HandoffAssembler:
             raise DtypeNotAllowed(f"rows dtype {frame.dtype} differs from the handoff's {self.open.dtype}")
         if layout.shape != (frame.count, self.open.hidden_size):
             raise ShapeMismatch(f"shape {list(layout.shape)} is not [{frame.count}, {self.open.hidden_size}]")
-        if len(frame.token_ids) != frame.count:
-            raise TokenCountMismatch(f"{len(frame.token_ids)} token ids for {frame.count} rows")
+        if len(frame.token_ids) != frame.count * TOKEN_ID_BYTES:
+            raise TokenCountMismatch(f"{len(frame.token_ids) // TOKEN_ID_BYTES} token ids for {frame.count} rows")
         end = frame.start + frame.count
         if end > len(stream.filled):
             raise RowsOutOfBounds(f"rows [{frame.start}, {end}) outside [0, {len(stream.filled)}) of {frame.stream}")
-        if any(stream.filled[frame.start : end]):
+        if 1 in stream.filled[frame.start : end]:
             raise OverlappingRows(f"rows [{frame.start}, {end}) of {frame.stream} overlap rows already received")
         stream.filled[frame.start : end] = b"\x01" * frame.count
-        stream.token_ids[frame.start : end] = frame.token_ids
+        stream.token_ids[frame.start * TOKEN_ID_BYTES : end * TOKEN_ID_BYTES] = frame.token_ids
         stream.received += frame.count
         return stream.bytes[frame.start * stream.row_bytes : end * stream.row_bytes]
 
@@ -195,16 +202,20 @@ class HandoffAssembler:
         n = totals.rows
         if n > len(stream.filled) or stream.received != n or 0 in stream.filled[:n]:
             raise RowCountMismatch(f"{name}: close says {n} rows, {stream.received} arrived (or with gaps)")
-        if not n <= len(totals.token_ids) <= n + 1:
-            raise TokenCountMismatch(f"{name}: {len(totals.token_ids)} token ids for {n} rows (expected {n} or {n + 1})")
-        if stream.token_ids[:n] != totals.token_ids[:n]:
+        ids = len(totals.token_ids) // TOKEN_ID_BYTES
+        if not n <= ids <= n + 1:
+            raise TokenCountMismatch(f"{name}: {ids} token ids for {n} rows (expected {n} or {n + 1})")
+        row_ids = n * TOKEN_ID_BYTES
+        if stream.token_ids[:row_ids] != totals.token_ids[:row_ids]:
             raise TokenCountMismatch(f"{name}: token ids in close differ from those of the rows frames")
-        if totals.answer_start_index > len(totals.token_ids):
+        if totals.answer_start_index > ids:
             raise TokenCountMismatch(f"{name}: answer_start_index {totals.answer_start_index} past the sequence")
         if stream_checksum(stream.frame_checksums) != totals.checksum:
             raise ChecksumMismatch(f"{name}: checksum of the received rows does not match close")
         return AssembledStream(
-            rows=stream.rows[:n], token_ids=list(totals.token_ids), answer_start_index=totals.answer_start_index
+            rows=stream.rows[:n],
+            token_ids=token_ids_from_bytes(totals.token_ids),
+            answer_start_index=totals.answer_start_index,
         )
 
 

@@ -1,4 +1,5 @@
 """Raw-bytes tensor codec: a tensor travels as its own C-contiguous memory plus dtype and shape.
+Token ids travel the same way, as a little-endian uint32 array.
 
 Byte order on the wire is little-endian, always. Every host ardit runs on (x86-64, aarch64,
 CUDA devices) is little-endian, so encoding and decoding are plain memory views with no byte swap;
@@ -10,6 +11,8 @@ No widening (BF16 stays 2 bytes a value), no base64, no pickle.
 from __future__ import annotations
 
 import sys
+from array import array
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +23,10 @@ if sys.byteorder != "little":  # pragma: no cover - no such host in use
     raise ImportError("ardit's wire format is little-endian; this host is big-endian")
 
 WIRE_BYTE_ORDER = "little"
+TOKEN_ID_BYTES = 4
+_TOKEN_ID_TYPECODE = "I"
+if array(_TOKEN_ID_TYPECODE).itemsize != TOKEN_ID_BYTES:  # pragma: no cover - C unsigned int is 32-bit everywhere ardit runs
+    raise ImportError("token ids need a 32-bit unsigned array type")
 
 # The allow-list. Wire names are numpy/PyTorch spellings so any language can map them.
 ALLOWED_DTYPES: dict[str, torch.dtype] = {
@@ -61,16 +68,10 @@ def wire_dtype(dtype: torch.dtype) -> str:
         raise DtypeNotAllowed(f"dtype {dtype} is not on the allow-list {sorted(ALLOWED_DTYPES)}") from None
 
 
-def check_layout(dtype: object, shape: object) -> TensorLayout:
-    """Validate an untrusted dtype/shape pair from a header."""
-    if not isinstance(dtype, str) or dtype not in ALLOWED_DTYPES:
+def check_layout(dtype: str, shape: list[int] | tuple[int, ...]) -> TensorLayout:
+    """The layout of a validated frame's ``dtype`` and ``shape``, or ``DtypeNotAllowed``."""
+    if dtype not in ALLOWED_DTYPES:
         raise DtypeNotAllowed(f"dtype {dtype!r} is not on the allow-list {sorted(ALLOWED_DTYPES)}")
-    if (
-        not isinstance(shape, (list, tuple))
-        or not shape
-        or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
-    ):
-        raise ShapeMismatch(f"shape must be a non-empty list of non-negative ints, got {shape!r}")
     return TensorLayout(dtype=dtype, shape=tuple(shape))
 
 
@@ -80,7 +81,7 @@ def tensor_bytes(tensor: torch.Tensor) -> memoryview:
     A CUDA tensor must be copied to host first (the AR connector does that on a side stream);
     a non-contiguous tensor is made contiguous, which is the only copy this function can make.
     """
-    if tensor.device.type != "cpu":
+    if not tensor.is_cpu:
         raise ValueError("tensor_bytes needs a host tensor; copy device tensors to (pinned) host memory first")
     wire_dtype(tensor.dtype)
     return memoryview(tensor.contiguous().view(torch.uint8).numpy()).cast("B")
@@ -102,3 +103,17 @@ def byte_view(tensor: torch.Tensor) -> memoryview:
     if not tensor.is_contiguous() or tensor.device.type != "cpu":
         raise ValueError("landing buffers must be contiguous host tensors")
     return memoryview(tensor.reshape(-1).view(torch.uint8).numpy()).cast("B")
+
+
+def token_ids_to_bytes(ids: Iterable[int]) -> bytes:
+    """Token ids as little-endian uint32 bytes; ``ValueError`` for anything else than ints in [0, 2**32)."""
+    try:
+        return array(_TOKEN_ID_TYPECODE, ids).tobytes()
+    except (TypeError, OverflowError) as exc:
+        raise ValueError(f"token ids are integers in [0, 2**32): {exc}") from None
+
+
+def token_ids_from_bytes(data: bytes | bytearray | memoryview) -> list[int]:
+    ids = array(_TOKEN_ID_TYPECODE)
+    ids.frombytes(data)
+    return ids.tolist()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import struct
+
 import msgpack
 import pytest
 import torch
@@ -12,7 +14,7 @@ from shared.frames import SCHEMA_VERSION
 from shared.checksum import payload_checksum, stream_checksum
 from shared.handoff_assembler import AssemblyCaps, HandoffReceiver
 from shared.handoff_encoder import HandoffEncoder
-from shared.tensor_codec import tensor_bytes
+from shared.tensor_codec import tensor_bytes, token_ids_to_bytes
 from tests.contract.conftest import join, make_open, raw
 from tests.contract.golden_frames import HIDDEN, golden_bytes, golden_path, golden_rows
 
@@ -24,6 +26,10 @@ def receive(data: bytes, chunk: int = 1 << 20, **kwargs):
     for i in range(0, len(data), chunk):
         receiver.feed(data[i : i + chunk])
     return receiver.finish()
+
+
+def ids(*token_ids: int) -> bytes:
+    return token_ids_to_bytes(token_ids)
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -47,7 +53,7 @@ def test_golden_decodes_with_generic_msgpack(dtype):
     assert [f["kind"] for f in frames] == ["open", "rows", "rows", "rows", "close"]
     assert all(f["v"] == SCHEMA_VERSION for f in frames)
     first = frames[1]
-    assert first["shape"] == [3, HIDDEN] and first["token_ids"] == [11, 12, 13]
+    assert first["shape"] == [3, HIDDEN] and struct.unpack("<3I", first["token_ids"]) == (11, 12, 13)
     assert first["data"] == bytes(tensor_bytes(golden_rows(dtype, 3)))
     assert len(first["data"]) == 3 * HIDDEN * dtype.itemsize
     cond = golden_rows(dtype, 4)
@@ -166,20 +172,20 @@ def test_reject_dtype_not_on_allow_list():
 
 
 def test_reject_rows_dtype_not_on_allow_list(encoder):
-    header = {"v": 1, "kind": "rows", "request_id": "req_test", "stream": "cond", "start": 0, "count": 1,
-              "token_ids": [1], "dtype": "int8", "shape": [1, 8], "checksum": payload_checksum(b"\0" * 8), "data": b"\0" * 8}
+    header = {"v": SCHEMA_VERSION, "kind": "rows", "request_id": "req_test", "stream": "cond", "start": 0, "count": 1,
+              "token_ids": ids(1), "dtype": "int8", "shape": [1, 8], "checksum": payload_checksum(b"\0" * 8), "data": b"\0" * 8}
     expect(errors.DtypeNotAllowed, join(encoder.open_frame()) + raw(header))
 
 
 def test_reject_shape_byte_length_mismatch(encoder):
-    header = {"v": 1, "kind": "rows", "request_id": "req_test", "stream": "cond", "start": 0, "count": 2,
-              "token_ids": [1, 2], "dtype": "bfloat16", "shape": [2, 8], "checksum": "0" * 16, "data": b"\0" * 30}
+    header = {"v": SCHEMA_VERSION, "kind": "rows", "request_id": "req_test", "stream": "cond", "start": 0, "count": 2,
+              "token_ids": ids(1, 2), "dtype": "bfloat16", "shape": [2, 8], "checksum": "0" * 16, "data": b"\0" * 30}
     expect(errors.ShapeMismatch, join(encoder.open_frame()) + raw(header))
 
 
 def test_reject_shape_not_matching_hidden_size(encoder):
-    header = {"v": 1, "kind": "rows", "request_id": "req_test", "stream": "cond", "start": 0, "count": 2,
-              "token_ids": [1, 2], "dtype": "bfloat16", "shape": [4, 4], "checksum": payload_checksum(b"\0" * 32), "data": b"\0" * 32}
+    header = {"v": SCHEMA_VERSION, "kind": "rows", "request_id": "req_test", "stream": "cond", "start": 0, "count": 2,
+              "token_ids": ids(1, 2), "dtype": "bfloat16", "shape": [4, 4], "checksum": payload_checksum(b"\0" * 32), "data": b"\0" * 32}
     expect(errors.ShapeMismatch, join(encoder.open_frame()) + raw(header))
 
 
@@ -207,8 +213,8 @@ def test_reject_overlapping_rows(encoder, rows):
 
 
 def test_reject_token_id_count_in_rows_frame(encoder, rows):
-    header = {"v": 1, "kind": "rows", "request_id": "req_test", "stream": "cond", "start": 0, "count": 2,
-              "token_ids": [1], "dtype": "bfloat16", "shape": [2, 8], "checksum": payload_checksum(b"\0" * 32),
+    header = {"v": SCHEMA_VERSION, "kind": "rows", "request_id": "req_test", "stream": "cond", "start": 0, "count": 2,
+              "token_ids": ids(1), "dtype": "bfloat16", "shape": [2, 8], "checksum": payload_checksum(b"\0" * 32),
               "data": b"\0" * 32}
     expect(errors.TokenCountMismatch, join(encoder.open_frame()) + raw(header))
 
@@ -258,6 +264,35 @@ def test_reject_oversize_payload(encoder, rows):
     expect(errors.FrameTooLarge, sent(encoder, rows), limits=FrameLimits(max_payload_bytes=64))
 
 
+@pytest.mark.parametrize(
+    "token_ids",
+    [b"\x01\x00\x00\x00\x02\x00\x00", [1, 2]],  # not whole uint32s; the version-1 int array
+    ids=["ragged_bytes", "int_array"],
+)
+def test_reject_token_ids_not_uint32_bytes(encoder, token_ids):
+    header = {"v": SCHEMA_VERSION, "kind": "rows", "request_id": "req_test", "stream": "cond", "start": 0, "count": 2,
+              "token_ids": token_ids, "dtype": "bfloat16", "shape": [2, 8], "checksum": payload_checksum(b"\0" * 32),
+              "data": b"\0" * 32}
+    err = expect(errors.MalformedFrame, join(encoder.open_frame()) + raw(header))
+    assert "token_ids" in str(err)
+
+
+@pytest.mark.parametrize("bad", [[-1], [2**32], [1.0]])
+def test_encoder_refuses_token_ids_that_are_not_uint32(bad):
+    with pytest.raises(ValueError):
+        encode_rows("r", "cond", 0, bad, golden_rows(torch.bfloat16, 1))
+
+
+def test_reject_header_over_the_limit_that_parses_after_a_large_chunk():
+    """A header buffered across chunks is held to the limit even when the last chunk completes it."""
+    data = raw(make_open().model_dump() | {"padding": "x" * 900})
+    receiver = HandoffReceiver(limits=FrameLimits(max_header_bytes=1024))
+    receiver.feed(data[:600])
+    with pytest.raises(errors.FrameTooLarge):
+        receiver.feed(data[600:])
+    assert receiver.assembler.allocated_bytes == 0
+
+
 def test_reject_oversize_header():
     huge = make_open().model_dump() | {"padding": "x" * 5000}
     expect(errors.FrameTooLarge, raw(huge), limits=FrameLimits(max_header_bytes=1024))
@@ -292,8 +327,8 @@ def test_reject_not_a_map():
 
 
 def test_reject_data_not_last(encoder):
-    header = {"v": 1, "kind": "rows", "request_id": "req_test", "stream": "cond", "data": b"\0" * 16, "start": 0,
-              "count": 1, "token_ids": [1], "dtype": "bfloat16", "shape": [1, 8], "checksum": payload_checksum(b"\0" * 16)}
+    header = {"v": SCHEMA_VERSION, "kind": "rows", "request_id": "req_test", "stream": "cond", "data": b"\0" * 16, "start": 0,
+              "count": 1, "token_ids": ids(1), "dtype": "bfloat16", "shape": [1, 8], "checksum": payload_checksum(b"\0" * 16)}
     expect(errors.MalformedFrame, join(encoder.open_frame()) + raw(header))
 
 

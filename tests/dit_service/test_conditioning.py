@@ -23,6 +23,7 @@ from dit_service.latent_decoder import LatentDecoder
 from dit_service.metrics import DitMetrics
 from dit_service.pipeline_runner import PipelineRunner, RenderJob
 from shared.frames import CloseFrame, StreamTotals
+from shared.tensor_codec import token_ids_to_bytes
 from shared.handoff_assembler import AssembledHandoff, AssembledStream
 from tests.dit_service.handoff_requests import open_frame, params
 
@@ -52,7 +53,7 @@ def handoff(cond: AssembledStream, uncond: AssembledStream | None = None) -> Ass
     streams = {"cond": cond} if uncond is None else {"cond": cond, "uncond": uncond}
     totals = {
         name: StreamTotals(
-            rows=s.rows.shape[0], token_ids=s.token_ids, answer_start_index=s.answer_start_index, checksum="0" * 16
+            rows=s.rows.shape[0], token_ids=token_ids_to_bytes(s.token_ids), answer_start_index=s.answer_start_index, checksum="0" * 16
         )
         for name, s in streams.items()
     }

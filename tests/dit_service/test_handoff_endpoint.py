@@ -14,7 +14,8 @@ from PIL import Image
 from dit_service.app import create_dit_app
 from dit_service.settings import DitSettings
 from shared.frame_codec import encode_frame, encode_rows
-from shared.frames import CloseFrame, StreamTotals, frame_header
+from shared.frames import SCHEMA_VERSION, CloseFrame, StreamTotals, frame_header
+from shared.tensor_codec import token_ids_to_bytes
 from shared.handoff_encoder import HandoffEncoder
 from tests.dit_service.handoff_requests import (
     HIDDEN,
@@ -117,12 +118,12 @@ def _raw(frame: dict) -> bytes:
 
 def bad_schema_version():
     header = frame_header(open_frame(ROWS))
-    return [_raw({**header, "v": 2})]
+    return [_raw({**header, "v": SCHEMA_VERSION + 1})]
 
 
 def unknown_kind():
     _, parts = _handoff()
-    return parts + [_raw({"v": 1, "kind": "teleport", "request_id": "req_test"})]
+    return parts + [_raw({"v": SCHEMA_VERSION, "kind": "teleport", "request_id": "req_test"})]
 
 
 def bad_dtype_in_open():
@@ -161,7 +162,7 @@ def checksum_mismatch():
     close = CloseFrame(
         request_id="req_test",
         streams={
-            "cond": StreamTotals(rows=ROWS, token_ids=token_ids(ROWS), answer_start_index=ROWS, checksum="0" * 16)
+            "cond": StreamTotals(rows=ROWS, token_ids=token_ids_to_bytes(token_ids(ROWS)), answer_start_index=ROWS, checksum="0" * 16)
         },
         cached_tokens=0,
         cache_creation_tokens=0,
