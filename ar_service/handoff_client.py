@@ -71,7 +71,8 @@ class RenderResult:
     stats: HandoffStats = field(default_factory=HandoffStats)
 
 
-# Yields the wire buffers of the handoff; the client marks the last one (close) as it is sent.
+# Yields the handoff one frame at a time (each a list of wire buffers); the client marks the last
+# one (close) as it is sent.
 FrameSource = Callable[[HandoffEncoder], AsyncIterator[list[Buffer]]]
 PartialImageSink = Callable[[PartialImageFrame], Awaitable[None]]
 

@@ -102,13 +102,15 @@ class ImageGenerator:
                 if isinstance(event, FinishedEvent):
                     finished[name] = event
                 elif self._settings.stream_handoff:
-                    yield enc.rows(name, event.start, event.token_ids, event.rows)
+                    for frame in enc.row_frames(name, event.start, event.token_ids, event.rows):
+                        yield frame
                 else:
                     held.append((name, event))
             # The handoff tail starts here, whether rows already went out or are still held.
             stats.last_row_at = time.perf_counter()
             for name, event in held:
-                yield enc.rows(name, event.start, event.token_ids, event.rows)
+                for frame in enc.row_frames(name, event.start, event.token_ids, event.rows):
+                    yield frame
             yield enc.close(
                 token_ids={name: f.token_ids for name, f in finished.items()},
                 answer_start_index={name: f.prompt_tokens for name, f in finished.items()},

@@ -36,8 +36,10 @@ from shared.tensor_codec import (
 
 DATA_KEY = "data"
 # Received payloads are copied and hashed in slices this size, so the hash reads what the copy
-# just brought into cache (L2-sized on current x86 and Arm server cores).
+# just brought into cache (well inside the L2 of any current server core).
 LANDING_SLICE = 128 << 10
+# The first parse of a header reads this much of the chunk: a rows frame's header and a close
+# frame of a few thousand tokens parse in one go.
 HEADER_PROBE = 32 << 10
 _BIN_LENGTH_BYTES = {0xC4: 1, 0xC5: 2, 0xC6: 4}  # bin8, bin16, bin32
 
@@ -63,7 +65,13 @@ def encode_rows(
 
 
 def encode_row_bytes(
-    request_id: str, stream: StreamName, start: int, token_ids: list[int], dtype: str, shape: list[int], payload: memoryview
+    request_id: str,
+    stream: StreamName,
+    start: int,
+    token_ids: list[int],
+    dtype: str,
+    shape: list[int],
+    payload: memoryview,
 ) -> tuple[RowsFrame, list[Buffer]]:
     """``encode_rows`` for rows already viewed as bytes: a sender splitting one tensor into several
     frames slices one byte view instead of making a tensor and a view per frame."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from shared.checksum import stream_checksum
 from shared.errors import (
     AllocationTooLarge,
     ChecksumMismatch,
@@ -27,11 +28,10 @@ from shared.errors import (
     ShapeMismatch,
     TokenCountMismatch,
 )
-from shared.checksum import stream_checksum
 from shared.frame_codec import FrameLimits, FrameReader
 from shared.frame_types import Buffer
-from shared.row_buffer_pool import RowBufferPool
 from shared.frames import AbortFrame, CloseFrame, Frame, OpenFrame, RowsFrame, StreamTotals
+from shared.row_buffer_pool import RowBufferPool
 from shared.tensor_codec import (
     ALLOWED_DTYPES,
     TOKEN_ID_BYTES,

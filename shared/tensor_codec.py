@@ -25,7 +25,8 @@ if sys.byteorder != "little":  # pragma: no cover - no such host in use
 WIRE_BYTE_ORDER = "little"
 TOKEN_ID_BYTES = 4
 _TOKEN_ID_TYPECODE = "I"
-if array(_TOKEN_ID_TYPECODE).itemsize != TOKEN_ID_BYTES:  # pragma: no cover - C unsigned int is 32-bit everywhere ardit runs
+# C's unsigned int is 32-bit on every platform ardit runs on; refuse to run where it is not.
+if array(_TOKEN_ID_TYPECODE).itemsize != TOKEN_ID_BYTES:  # pragma: no cover
     raise ImportError("token ids need a 32-bit unsigned array type")
 
 # The allow-list. Wire names are numpy/PyTorch spellings so any language can map them.

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from shared import errors
+from shared.checksum import payload_checksum, stream_checksum
 from shared.frame_codec import FrameLimits, decode_frame, encode_rows
 from shared.frames import SCHEMA_VERSION
-from shared.checksum import payload_checksum, stream_checksum
 from shared.handoff_assembler import AssemblyCaps, HandoffReceiver
 from shared.handoff_encoder import HandoffEncoder
 from shared.tensor_codec import tensor_bytes, token_ids_to_bytes
