@@ -36,7 +36,6 @@ from shared.tensor_codec import (
     ALLOWED_DTYPES,
     TOKEN_ID_BYTES,
     TensorLayout,
-    byte_view,
     check_layout,
     token_ids_from_bytes,
 )
@@ -70,7 +69,7 @@ class _StreamBuffer:
         nbytes = max_rows * hidden * dtype.itemsize
         self.raw = pool.acquire(nbytes) if pool is not None else torch.empty(nbytes, dtype=torch.uint8)
         self.rows = self.raw[:nbytes].view(dtype).reshape(max_rows, hidden)
-        self.bytes = byte_view(self.raw)[:nbytes]
+        self.bytes = memoryview(self.raw.numpy())[:nbytes]  # raw is a flat uint8 buffer
         self.row_bytes = hidden * dtype.itemsize
         self.filled = bytearray(max_rows)
         self.token_ids = bytearray(max_rows * TOKEN_ID_BYTES)  # wire form: uint32 per row

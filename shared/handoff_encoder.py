@@ -54,15 +54,15 @@ class HandoffEncoder:
         dtype = wire_dtype(rows.dtype)
         if dtype != self.open.dtype:
             raise ValueError(f"rows are {dtype}, the handoff was opened as {self.open.dtype}")
-        return self._row_frames(stream, start, token_ids, rows.contiguous())
+        # One byte view of the block, taken now; each frame only slices it.
+        return self._row_frames(stream, start, token_ids, tensor_bytes(rows), rows.shape[1] * rows.element_size())
 
     def _row_frames(
-        self, stream: StreamName, start: int, token_ids: list[int], rows: torch.Tensor
+        self, stream: StreamName, start: int, token_ids: list[int], payload: memoryview, row_bytes: int
     ) -> Iterator[list[Buffer]]:
-        count, hidden = rows.shape
-        row_bytes = hidden * rows.element_size()
+        count = len(token_ids)
         per_frame = max(1, self._max_payload // max(1, row_bytes))
-        payload = tensor_bytes(rows)
+        hidden = self.open.hidden_size
         for first in range(0, count, per_frame):
             n = min(per_frame, count - first)
             frame, wire = encode_row_bytes(
