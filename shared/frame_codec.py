@@ -276,15 +276,16 @@ class FrameReader:
             raise FrameTooLarge(f"frame header of {nbytes} bytes over {self._limits.max_header_bytes}")
 
     def _start_payload(self, header: dict, head: Buffer, at: int) -> tuple[Frame, int] | None:
-        view = memoryview(head)
-        if at >= view.nbytes:
-            return None
-        width = _BIN_LENGTH_BYTES.get(view[at])
-        if width is None:
-            raise MalformedFrame("'data' must be a msgpack bin")
-        if view.nbytes < at + 1 + width:
-            return None
-        length = int.from_bytes(view[at + 1 : at + 1 + width], "big")
+        # Released on the way out: ``head`` may be the header buffer, which must stay resizable.
+        with memoryview(head) as view:
+            if at >= view.nbytes:
+                return None
+            width = _BIN_LENGTH_BYTES.get(view[at])
+            if width is None:
+                raise MalformedFrame("'data' must be a msgpack bin")
+            if view.nbytes < at + 1 + width:
+                return None
+            length = int.from_bytes(view[at + 1 : at + 1 + width], "big")
         frame = frame_from_header(header)
         if not isinstance(frame, RowsFrame):
             raise MalformedFrame(f"a {frame.kind} frame carries no data")

@@ -109,6 +109,5 @@ class HandoffEncoder:
 
     def _count(self, frame: list[Buffer]) -> list[Buffer]:
         self.frames_encoded += 1
-        for buf in frame:
-            self.bytes_encoded += len(buf) if isinstance(buf, bytes) else memoryview(buf).nbytes
+        self.bytes_encoded += sum(memoryview(b).nbytes for b in frame)
         return frame

@@ -77,7 +77,8 @@ def check_layout(dtype: str, shape: list[int] | tuple[int, ...]) -> TensorLayout
 
 
 def tensor_bytes(tensor: torch.Tensor) -> memoryview:
-    """The tensor's own memory as a flat byte view: no copy for a contiguous CPU tensor.
+    """The memory of a tensor (one dimension or more) as a flat byte view: no copy for a
+    contiguous CPU tensor.
 
     A CUDA tensor must be copied to host first (the AR connector does that on a side stream);
     a non-contiguous tensor is made contiguous, which is the only copy this function can make.
