@@ -23,8 +23,8 @@ from dit_service.latent_decoder import LatentDecoder
 from dit_service.metrics import DitMetrics
 from dit_service.pipeline_runner import PipelineRunner, RenderJob
 from shared.frames import CloseFrame, StreamTotals
-from shared.tensor_codec import token_ids_to_bytes
 from shared.handoff_assembler import AssembledHandoff, AssembledStream
+from shared.tensor_codec import token_ids_to_bytes
 from tests.dit_service.handoff_requests import open_frame, params
 
 HIDDEN = 4

@@ -15,8 +15,8 @@ from dit_service.app import create_dit_app
 from dit_service.settings import DitSettings
 from shared.frame_codec import encode_frame, encode_rows
 from shared.frames import SCHEMA_VERSION, CloseFrame, StreamTotals, frame_header
-from shared.tensor_codec import token_ids_to_bytes
 from shared.handoff_encoder import HandoffEncoder
+from shared.tensor_codec import token_ids_to_bytes
 from tests.dit_service.handoff_requests import (
     HIDDEN,
     RawHandoff,
