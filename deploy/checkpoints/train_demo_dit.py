@@ -332,8 +332,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--vae-steps", type=int, default=VAE_STEPS)
     ap.add_argument("--dit-steps", type=int, default=DIT_STEPS)
+    ap.add_argument(
+        "--torch-threads",
+        type=int,
+        default=TORCH_THREADS,
+        help="torch intra-op threads (part of the recipe: the float sums, so the weights, depend on it)",
+    )
+    ap.add_argument(
+        "--vae-from",
+        type=Path,
+        default=None,
+        help="reuse the VAE an earlier run wrote (OUT/vae, saved as soon as it is trained) instead of training one",
+    )
     args = ap.parse_args(argv)
-    torch.set_num_threads(TORCH_THREADS)
+    torch.set_num_threads(args.torch_threads)
+    out = args.out.expanduser().resolve()
     seconds: dict[str, float] = {}
     started = time.perf_counter()
 
@@ -354,7 +367,11 @@ def main(argv: list[str] | None = None) -> int:
     del encoder
     clock = phase_done("rows", clock)
 
-    vae, vae_losses = train_vae(scenes, args.seed, args.vae_steps)
+    if args.vae_from is None:
+        vae, vae_losses = train_vae(scenes, args.seed, args.vae_steps)
+        vae.save_pretrained(str(out / "vae"), safe_serialization=True)  # a later run can start from it
+    else:
+        vae, vae_losses = AutoencoderKLQwenImage.from_pretrained(str(args.vae_from.expanduser())).eval(), []
     clock = phase_done("vae", clock)
     psnr = vae_psnr(vae, args.seed)
     log(f"vae psnr {psnr}")
@@ -369,7 +386,6 @@ def main(argv: list[str] | None = None) -> int:
     transformer, dit_losses = train_dit(packed, scenes, rows, null_rows, args.seed, args.dit_steps)
     clock = phase_done("dit", clock)
 
-    out = args.out.expanduser().resolve()
     pipeline = QwenImagePipeline(
         scheduler=FlowMatchEulerDiscreteScheduler(**SCHEDULER_CONFIG),
         vae=vae,
@@ -384,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     record = {
         "command": "python -m deploy.checkpoints.train_demo_dit " + " ".join(sys.argv[1:] if argv is None else argv),
         "seed": args.seed,
-        "torch_threads": TORCH_THREADS,
+        "torch_threads": args.torch_threads,
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "load_average_at_end": os.getloadavg()},
         "versions": {"torch": torch.__version__, "diffusers": __import__("diffusers").__version__},
         "seconds": seconds,
@@ -397,9 +413,10 @@ def main(argv: list[str] | None = None) -> int:
         "vae": {
             "config": VAE_CONFIG,
             "steps": args.vae_steps,
+            "reused_from": str(args.vae_from) if args.vae_from else None,
             "batch": VAE_BATCH,
             "psnr_db": psnr,
-            "final_mse": float(np.mean(vae_losses[-200:])),
+            "final_mse": float(np.mean(vae_losses[-200:])) if vae_losses else None,
         },
         "dit": {
             "config": DIT_CONFIG,
