@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import msgpack
 import torch
@@ -48,7 +48,8 @@ def encode_frame(frame: Frame) -> bytes:
     """A frame without row data (``open``, ``close``, ``abort``) as one msgpack map."""
     if isinstance(frame, RowsFrame):
         raise TypeError("rows frames carry data: use encode_rows")
-    return msgpack.packb(frame_header(frame), use_bin_type=True)
+    packed: bytes = msgpack.packb(frame_header(frame), use_bin_type=True)
+    return packed
 
 
 def encode_rows(
@@ -128,7 +129,7 @@ class FrameLimits:
     max_payload_bytes: int = 256 << 20
 
 
-class FrameSink(Protocol):
+class RowLanding(Protocol):
     """Where a ``FrameReader`` delivers frames, in stream order."""
 
     def land(self, frame: RowsFrame, layout: TensorLayout) -> memoryview:
@@ -145,7 +146,7 @@ class FrameReader:
     Header bytes are buffered up to ``limits.max_header_bytes``; a payload is never buffered.
     """
 
-    def __init__(self, sink: FrameSink, limits: FrameLimits = FrameLimits()) -> None:
+    def __init__(self, sink: RowLanding, limits: FrameLimits = FrameLimits()) -> None:
         self._sink = sink
         self._limits = limits
         self._pending = bytearray()
@@ -248,7 +249,7 @@ class FrameReader:
         unpacker.feed(head)
         try:
             count = unpacker.read_map_header()
-            header: dict = {}
+            header: dict[str, Any] = {}
             for index in range(count):
                 key = unpacker.unpack()
                 if key == DATA_KEY:
@@ -269,13 +270,16 @@ class FrameReader:
         except Exception as exc:  # msgpack raises TypeError/StackError and more
             raise MalformedFrame(f"not a msgpack frame map: {exc}") from None
         self._check_header_size(unpacker.tell())
-        return frame_from_header(header), unpacker.tell()
+        frame = frame_from_header(header)
+        if isinstance(frame, RowsFrame):
+            raise MalformedFrame("rows frame without a bin 'data' entry")
+        return frame, unpacker.tell()
 
     def _check_header_size(self, nbytes: int) -> None:
         if nbytes > self._limits.max_header_bytes:
             raise FrameTooLarge(f"frame header of {nbytes} bytes over {self._limits.max_header_bytes}")
 
-    def _start_payload(self, header: dict, head: Buffer, at: int) -> tuple[Frame, int] | None:
+    def _start_payload(self, header: dict[str, Any], head: Buffer, at: int) -> tuple[Frame, int] | None:
         # Released on the way out: ``head`` may be the header buffer, which must stay resizable.
         with memoryview(head) as view:
             if at >= view.nbytes:

@@ -10,14 +10,16 @@ anything else bumps ``SCHEMA_VERSION``.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from shared.errors import MalformedFrame, UnknownFrameKind, UnsupportedSchemaVersion
 from shared.tensor_codec import TOKEN_ID_BYTES
 
 SCHEMA_VERSION = 2
+# Seeds are uint64 (msgpack's and torch.Generator's largest integer).
+MAX_SEED = 2**64 - 1
 
 StreamName = Literal["cond", "uncond"]
 OutputFormat = Literal["png", "jpeg", "webp"]
@@ -50,7 +52,8 @@ class DiffusionParams(_Model):
     height: PosInt
     num_inference_steps: PosInt
     guidance_scale: float = Field(ge=0.0)
-    seed: NonNegInt
+    # Image i of the request renders with seed + i.
+    seed: Annotated[int, Field(ge=0, le=MAX_SEED)]
     num_images: PosInt = 1
     output_format: OutputFormat = "png"
     output_compression: Annotated[int, Field(ge=0, le=100)] | None = None
@@ -63,6 +66,16 @@ class StreamSpec(_Model):
     prompt_tokens: NonNegInt
     # Upper bound on rows (prompt + max generated - 1); the receiver allocates exactly this.
     max_rows: NonNegInt
+    # Leading prompt tokens that are the AR's prompt template, not the user's text (Qwen-Image's
+    # system prefix): their rows never condition the DiT. Optional on the wire (added within
+    # version 2); a DiT whose adapter needs it refuses an open frame without it.
+    prefix_tokens: NonNegInt | None = None
+
+    @model_validator(mode="after")
+    def _prefix_inside_prompt(self) -> StreamSpec:
+        if self.prefix_tokens is not None and self.prefix_tokens > self.prompt_tokens:
+            raise ValueError(f"prefix_tokens {self.prefix_tokens} is more than prompt_tokens {self.prompt_tokens}")
+        return self
 
 
 class OpenFrame(_Model):
@@ -73,6 +86,7 @@ class OpenFrame(_Model):
     conditioning: Annotated[str, Field(min_length=1, max_length=64)]
     dtype: str
     hidden_size: PosInt
+    # Informational: which decoder layer the rows come from (every other open field is checked).
     layer: int
     final_norm: bool
     # "cond" is required; "uncond" present means a CFG negative stream follows.
@@ -111,9 +125,11 @@ class CloseFrame(_Model):
     v: int = SCHEMA_VERSION
     request_id: RequestId
     streams: dict[StreamName, StreamTotals]
+    # Informational: the AR's prefix-cache counts and timings, for the DiT's logs; nothing
+    # depends on them.
     cached_tokens: NonNegInt
     cache_creation_tokens: NonNegInt
-    # AR-side timings in seconds (e.g. "ttft", "ar_total"); informational.
+    # AR-side timings in seconds (e.g. "ttft", "ar_total").
     timings: dict[str, float] = Field(default_factory=dict)
 
 
@@ -124,8 +140,8 @@ class AbortFrame(_Model):
     reason: Annotated[str, Field(max_length=1024)]
 
 
-Frame = Union[OpenFrame, RowsFrame, CloseFrame, AbortFrame]
-_BY_KIND: dict[str, type[_Model]] = {"open": OpenFrame, "rows": RowsFrame, "close": CloseFrame, "abort": AbortFrame}
+Frame = OpenFrame | RowsFrame | CloseFrame | AbortFrame
+_BY_KIND: dict[str, type[Frame]] = {"open": OpenFrame, "rows": RowsFrame, "close": CloseFrame, "abort": AbortFrame}
 
 
 def frame_from_header(header: object) -> Frame:
@@ -134,7 +150,9 @@ def frame_from_header(header: object) -> Frame:
         raise MalformedFrame(f"a frame is a msgpack map, got {type(header).__name__}")
     version = header.get("v")
     if version != SCHEMA_VERSION:
-        raise UnsupportedSchemaVersion(f"schema version {version!r} is not supported (this side speaks {SCHEMA_VERSION})")
+        raise UnsupportedSchemaVersion(
+            f"schema version {version!r} is not supported (this side speaks {SCHEMA_VERSION})"
+        )
     kind = header.get("kind")
     model = _BY_KIND.get(kind) if isinstance(kind, str) else None
     if model is None:
@@ -147,6 +165,6 @@ def frame_from_header(header: object) -> Frame:
         raise MalformedFrame(f"{kind} frame: {where}: {first['msg']}") from None
 
 
-def frame_header(frame: Frame) -> dict:
+def frame_header(frame: Frame) -> dict[str, Any]:
     """The msgpack map of a frame, ``data`` excluded. Keys in declaration order."""
     return frame.model_dump(mode="python", exclude_none=True)

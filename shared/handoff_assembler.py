@@ -30,12 +30,13 @@ from shared.errors import (
 )
 from shared.frame_codec import FrameLimits, FrameReader
 from shared.frame_types import Buffer
-from shared.frames import AbortFrame, CloseFrame, Frame, OpenFrame, RowsFrame, StreamTotals
+from shared.frames import AbortFrame, CloseFrame, Frame, OpenFrame, RowsFrame, StreamName, StreamTotals
 from shared.row_buffer_pool import RowBufferPool
 from shared.tensor_codec import (
     ALLOWED_DTYPES,
     TOKEN_ID_BYTES,
     TensorLayout,
+    byte_view,
     check_layout,
     token_ids_from_bytes,
 )
@@ -55,13 +56,14 @@ class AssembledStream:
     rows: torch.Tensor  # [rows, hidden], source dtype
     token_ids: list[int]
     answer_start_index: int
+    prefix_tokens: int | None  # from open: template tokens whose rows do not condition the DiT
 
 
 @dataclass(frozen=True)
 class AssembledHandoff:
     open: OpenFrame
     close: CloseFrame
-    streams: dict[str, AssembledStream]
+    streams: dict[StreamName, AssembledStream]
 
 
 class _StreamBuffer:
@@ -69,7 +71,7 @@ class _StreamBuffer:
         nbytes = max_rows * hidden * dtype.itemsize
         self.raw = pool.acquire(nbytes) if pool is not None else torch.empty(nbytes, dtype=torch.uint8)
         self.rows = self.raw[:nbytes].view(dtype).reshape(max_rows, hidden)
-        self.bytes = memoryview(self.raw.numpy())[:nbytes]  # raw is a flat uint8 buffer
+        self.bytes = byte_view(self.raw)[:nbytes]
         self.row_bytes = hidden * dtype.itemsize
         self.filled = bytearray(max_rows)
         self.token_ids = bytearray(max_rows * TOKEN_ID_BYTES)  # wire form: uint32 per row
@@ -88,7 +90,7 @@ class HandoffAssembler:
         self._caps = caps
         self._pool = pool
         self.open: OpenFrame | None = None
-        self._streams: dict[str, _StreamBuffer] = {}
+        self._streams: dict[StreamName, _StreamBuffer] = {}
         self._result: AssembledHandoff | None = None
 
     @property
@@ -129,7 +131,8 @@ class HandoffAssembler:
         if isinstance(frame, CloseFrame):
             self._close(frame)
         elif isinstance(frame, RowsFrame):
-            # Landed and its payload checksum verified by the reader; keep it for close.
+            # Landed (``land`` checked its stream) and its payload checksum verified by the
+            # reader; keep it for close.
             self._streams[frame.stream].frame_checksums[frame.start] = frame.checksum
         else:  # pragma: no cover - Frame is a closed union
             raise TypeError(type(frame))
@@ -189,15 +192,23 @@ class HandoffAssembler:
         self.open = frame
 
     def _close(self, frame: CloseFrame) -> None:
+        opened = self.open
+        if opened is None:  # pragma: no cover - accept() checks open before close
+            raise FrameOutOfOrder("close frame before open")
         if set(frame.streams) != set(self._streams):
-            raise RowCountMismatch(f"close lists streams {sorted(frame.streams)}, open declared {sorted(self._streams)}")
-        assembled = {}
+            raise RowCountMismatch(
+                f"close lists streams {sorted(frame.streams)}, open declared {sorted(self._streams)}"
+            )
+        assembled: dict[StreamName, AssembledStream] = {}
         for name, totals in frame.streams.items():
-            assembled[name] = self._close_stream(name, self._streams[name], totals)
-        self._result = AssembledHandoff(open=self.open, close=frame, streams=assembled)
+            spec = opened.streams[name]
+            assembled[name] = self._close_stream(name, self._streams[name], totals, spec.prefix_tokens)
+        self._result = AssembledHandoff(open=opened, close=frame, streams=assembled)
 
     @staticmethod
-    def _close_stream(name: str, stream: _StreamBuffer, totals: StreamTotals) -> AssembledStream:
+    def _close_stream(
+        name: str, stream: _StreamBuffer, totals: StreamTotals, prefix_tokens: int | None
+    ) -> AssembledStream:
         n = totals.rows
         if n > len(stream.filled) or stream.received != n or 0 in stream.filled[:n]:
             raise RowCountMismatch(f"{name}: close says {n} rows, {stream.received} arrived (or with gaps)")
@@ -215,6 +226,7 @@ class HandoffAssembler:
             rows=stream.rows[:n],
             token_ids=token_ids_from_bytes(totals.token_ids),
             answer_start_index=totals.answer_start_index,
+            prefix_tokens=prefix_tokens,
         )
 
 
@@ -224,7 +236,7 @@ class HandoffReceiver:
     def __init__(
         self,
         caps: AssemblyCaps = AssemblyCaps(),
-        limits: FrameLimits = FrameLimits(),
+        limits: FrameLimits = FrameLimits(),  # noqa: B008 - a frozen dataclass, safe to share
         pool: RowBufferPool | None = None,
     ) -> None:
         self.assembler = HandoffAssembler(caps, pool)

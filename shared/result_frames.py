@@ -9,7 +9,7 @@ Images are encoded files (PNG/JPEG/WebP) in a msgpack ``bin``.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 import msgpack
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -61,8 +61,8 @@ class ErrorFrame(_Result):
     message: str
 
 
-ResultFrame = Union[PartialImageFrame, ImageFrame, DoneFrame, ErrorFrame]
-_BY_KIND: dict[str, type[_Result]] = {
+ResultFrame = PartialImageFrame | ImageFrame | DoneFrame | ErrorFrame
+_BY_KIND: dict[str, type[ResultFrame]] = {
     "partial_image": PartialImageFrame,
     "image": ImageFrame,
     "done": DoneFrame,
@@ -71,15 +71,17 @@ _BY_KIND: dict[str, type[_Result]] = {
 
 
 def encode_result(frame: ResultFrame) -> bytes:
-    return msgpack.packb(frame.model_dump(mode="python"), use_bin_type=True)
+    packed: bytes = msgpack.packb(frame.model_dump(mode="python"), use_bin_type=True)
+    return packed
 
 
 def result_from_map(obj: object) -> ResultFrame:
     if not isinstance(obj, dict):
         raise MalformedFrame("a result frame is a msgpack map")
-    model = _BY_KIND.get(obj.get("kind")) if isinstance(obj.get("kind"), str) else None
+    kind = obj.get("kind")
+    model = _BY_KIND.get(kind) if isinstance(kind, str) else None
     if model is None:
-        raise UnknownFrameKind(f"unknown result frame kind {obj.get('kind')!r}")
+        raise UnknownFrameKind(f"unknown result frame kind {kind!r}")
     try:
         return model.model_validate(obj)
     except ValidationError as exc:

@@ -38,7 +38,10 @@ def golden_stream(dtype: torch.dtype) -> list[list[Buffer]]:
         hidden_size=HIDDEN,
         layer=30,
         final_norm=True,
-        streams={"cond": StreamSpec(prompt_tokens=3, max_rows=4), "uncond": StreamSpec(prompt_tokens=2, max_rows=2)},
+        streams={
+            "cond": StreamSpec(prompt_tokens=3, max_rows=4, prefix_tokens=1),
+            "uncond": StreamSpec(prompt_tokens=2, max_rows=2, prefix_tokens=1),
+        },
         diffusion=DiffusionParams(width=64, height=48, num_inference_steps=4, guidance_scale=4.0, seed=7),
     )
     enc = HandoffEncoder(open_frame)
