@@ -6,18 +6,29 @@ everything an operator relies on behaves the same on both.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import Any
 
 from fastapi import FastAPI, Response
 from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from services.errors import install_error_handlers
 from services.request_context import RequestIdMiddleware
 
-# Returns (ready, reason). Must be cheap: probes call it every few seconds.
-ReadinessProbe = Callable[[], Awaitable[tuple[bool, str]]]
+
+@dataclass(frozen=True)
+class Readiness:
+    ready: bool
+    reason: str
+    # More of the /readyz body (the DiT announces its capabilities here).
+    details: Mapping[str, Any] | None = None
+
+
+# Must be cheap: probes call it every few seconds.
+ReadinessProbe = Callable[[], Awaitable[Readiness]]
 
 
 def create_app(
@@ -25,20 +36,21 @@ def create_app(
     *,
     lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None,
     readiness: ReadinessProbe,
-    registry: CollectorRegistry = REGISTRY,
+    registry: CollectorRegistry,
 ) -> FastAPI:
     app = FastAPI(title=title, lifespan=lifespan)
     install_error_handlers(app)
     app.add_middleware(RequestIdMiddleware)
 
     @app.get("/healthz", include_in_schema=False)
-    async def healthz() -> dict:
+    async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
     @app.get("/readyz", include_in_schema=False)
     async def readyz() -> JSONResponse:
-        ready, reason = await readiness()
-        return JSONResponse({"status": "ready" if ready else "not_ready", "reason": reason}, status_code=200 if ready else 503)
+        state = await readiness()
+        body = {"status": "ready" if state.ready else "not_ready", "reason": state.reason, **(state.details or {})}
+        return JSONResponse(body, status_code=200 if state.ready else 503)
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:

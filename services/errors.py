@@ -8,6 +8,7 @@ traces ever reach a body: unexpected exceptions become a generic 500 and are log
 from __future__ import annotations
 
 import logging
+import math
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -51,14 +52,24 @@ class ApiError(Exception):
         self.type = type or _TYPE_BY_STATUS.get(status, "server_error" if status >= 500 else "invalid_request_error")
         self.headers = headers or {}
 
-    def body(self) -> dict:
+    def body(self) -> dict[str, dict[str, str | None]]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
-def _param_of(loc: tuple) -> str | None:
+class Overloaded(ApiError):
+    """429: no room for this request now (a full queue, or a wait longer than allowed).
+
+    The one admission refusal of both services; ``Retry-After`` is whole seconds, at least 1.
+    """
+
+    def __init__(self, message: str, *, code: str, retry_after: float) -> None:
+        super().__init__(429, message, code=code, headers={"Retry-After": str(max(1, math.ceil(retry_after)))})
+
+
+def _param_of(loc: tuple[int | str, ...]) -> str | None:
     # FastAPI locations look like ("body", "size") or ("query", "limit").
     parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
     return ".".join(parts) or None

@@ -17,22 +17,17 @@ import time
 import urllib.error
 import urllib.request
 
-# Rows of the default (Qwen-Image) prompt template's system prefix, which the DiT drops.
-# tests/ar_service/test_prompt_builder.py checks the AR's template still has this many.
-DEFAULT_TEMPLATE_PREFIX_TOKENS = 34
-
 
 def service_environment() -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("ARDIT_HANDOFF_TOKEN", secrets.token_urlsafe(24))
-    env.setdefault("ARDIT_DIT_DROP_PREFIX_TOKENS", str(DEFAULT_TEMPLATE_PREFIX_TOKENS))
     ar_host, dit_host = env.get("ARDIT_AR_HOST", "127.0.0.1"), env.get("ARDIT_DIT_HOST", "127.0.0.1")
     env.setdefault("ARDIT_AR_DIT_URL", f"http://{dit_host}:{env.get('ARDIT_DIT_PORT', '8001')}")
     env["ARDIT_LAUNCHER_AR_URL"] = f"http://{ar_host}:{env.get('ARDIT_AR_PORT', '8000')}"
     return env
 
 
-def wait_ready(url: str, processes: list[subprocess.Popen], timeout: float) -> bool:
+def wait_ready(url: str, processes: list[subprocess.Popen[bytes]], timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if any(p.poll() is not None for p in processes):
@@ -47,7 +42,7 @@ def wait_ready(url: str, processes: list[subprocess.Popen], timeout: float) -> b
     return False
 
 
-def stop(processes: list[subprocess.Popen]) -> None:
+def stop(processes: list[subprocess.Popen[bytes]]) -> None:
     for p in processes:
         if p.poll() is None:
             p.send_signal(signal.SIGINT)
