@@ -8,23 +8,26 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
+from pydantic import SecretStr
 
 from dit_service import __version__
 from dit_service.admission import AdmissionControl
-from dit_service.auth import HandoffAuth
+from dit_service.capabilities import dit_capabilities
 from dit_service.conditioning import ConditioningAdapters, ConditioningOptions
 from dit_service.handoff_endpoint import HANDOFF_PATH, HandoffEndpoint, HandoffServices
 from dit_service.handoff_intake import HandoffIntake
 from dit_service.image_encoder import ImageEncoder
 from dit_service.latent_decoder import LatentDecoder
-from dit_service.metrics import DitMetrics, new_registry
+from dit_service.metrics import DitMetrics
 from dit_service.model import DitModel
 from dit_service.model_state import ModelState
-from dit_service.open_frame_policy import DiffusionLimits, OpenFramePolicy
+from dit_service.open_frame_policy import OpenFramePolicy
 from dit_service.pipeline_runner import PipelineRunner
 from dit_service.result_stream import ResultStream
 from dit_service.settings import DitSettings
 from services.app import create_app
+from services.auth import BearerAuth
+from services.metrics import new_registry
 from shared.row_buffer_pool import RowBufferPool
 
 
@@ -45,16 +48,18 @@ def create_dit_app(settings: DitSettings, registry: CollectorRegistry | None = N
         queue_size=settings.pipeline_queue_size,
         retry_after_seconds=settings.retry_after_seconds,
     )
-    state: ModelState[HandoffServices] = ModelState(settings.retry_after_seconds)
+    state: ModelState[HandoffServices] = ModelState(
+        settings.retry_after_seconds, lambda served: {"capabilities": served.capabilities.model_dump(mode="json")}
+    )
 
     def load_model() -> DitModel:
         return DitModel.load(settings.model_dir, settings.device, settings.torch_dtype_name)
 
     def serve(model: DitModel) -> tuple[HandoffServices, PipelineRunner]:
         decoder, encoder = LatentDecoder(model), ImageEncoder()
+        capabilities = dit_capabilities(settings, model)
         adapters = ConditioningAdapters(
             ConditioningOptions(
-                drop_prefix_tokens=settings.drop_prefix_tokens,
                 special_token_ids=settings.special_token_ids,
                 image_token_start_id=settings.image_token_start_id,
                 max_sequence_length=settings.max_sequence_length,
@@ -62,22 +67,12 @@ def create_dit_app(settings: DitSettings, registry: CollectorRegistry | None = N
                 dtype=model.facts.dtype,
             )
         )
-        policy = OpenFramePolicy(
-            model.facts,
-            adapters,
-            DiffusionLimits(
-                max_pixels=settings.max_pixels,
-                max_inference_steps=settings.max_inference_steps,
-                max_images=settings.max_images_per_handoff,
-                max_guidance_scale=settings.max_guidance_scale,
-            ),
-            settings.expected_model,
-            settings.expected_final_norm,
-        )
+        policy = OpenFramePolicy(capabilities, adapters, settings.expected_model, settings.expected_final_norm)
         results = ResultStream(PipelineRunner(model, decoder, encoder, metrics), admission.run_slots, metrics)
         # The warm-up must not show up as served traffic.
         warmup_runner = PipelineRunner(model, decoder, encoder, DitMetrics(CollectorRegistry()))
-        return HandoffServices(policy=policy, adapters=adapters, results=results), warmup_runner
+        served = HandoffServices(capabilities=capabilities, policy=policy, adapters=adapters, results=results)
+        return served, warmup_runner
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -91,7 +86,7 @@ def create_dit_app(settings: DitSettings, registry: CollectorRegistry | None = N
 
     app = create_app("ardit DiT service", lifespan=lifespan, readiness=state.readiness, registry=registry)
     endpoint = HandoffEndpoint(
-        HandoffAuth(settings.handoff_token),
+        handoff_auth(settings.handoff_token),
         admission,
         HandoffIntake(
             settings.assembly_caps,
@@ -105,3 +100,11 @@ def create_dit_app(settings: DitSettings, registry: CollectorRegistry | None = N
     )
     app.add_api_route(HANDOFF_PATH, endpoint, methods=["POST"], include_in_schema=False)
     return app
+
+
+def handoff_auth(token: SecretStr | None) -> BearerAuth:
+    """The internal token both services share (``ARDIT_HANDOFF_TOKEN``)."""
+    tokens = [token.get_secret_value()] if token is not None else []
+    return BearerAuth(
+        tokens, what="handoff token", missing_code="invalid_handoff_token", invalid_code="invalid_handoff_token"
+    )

@@ -17,14 +17,15 @@ from fastapi import Request, Response
 from starlette.requests import ClientDisconnect
 
 from dit_service.admission import AdmissionControl
-from dit_service.auth import HandoffAuth
 from dit_service.conditioning import Conditioning, ConditioningAdapters
 from dit_service.handoff_intake import HandoffIntake
 from dit_service.metrics import DitMetrics
 from dit_service.open_frame_policy import OpenFramePolicy
 from dit_service.pipeline_runner import RenderJob
 from dit_service.result_stream import ResultStream
+from services.auth import BearerAuth
 from services.errors import ApiError
+from shared.capabilities import DitCapabilities
 from shared.errors import HandoffError
 from shared.frames import OpenFrame
 from shared.result_frames import HANDOFF_MEDIA_TYPE
@@ -36,6 +37,7 @@ HANDOFF_PATH = "/v1/handoff"
 class HandoffServices:
     """What serving a handoff needs once the model is loaded."""
 
+    capabilities: DitCapabilities
     policy: OpenFramePolicy
     adapters: ConditioningAdapters
     results: ResultStream
@@ -48,7 +50,7 @@ def api_error_for(exc: HandoffError) -> ApiError:
 class HandoffEndpoint:
     def __init__(
         self,
-        auth: HandoffAuth,
+        auth: BearerAuth,
         admission: AdmissionControl,
         intake: HandoffIntake,
         services: Callable[[], HandoffServices],
@@ -69,6 +71,11 @@ class HandoffEndpoint:
             raise
 
     async def _handle(self, request: Request, started: float) -> Response:
+        if not self._auth.enabled:
+            # Fail closed: an unconfigured receiver must not accept hidden states from anyone.
+            raise ApiError(
+                503, "the handoff token (ARDIT_HANDOFF_TOKEN) is not configured", code="handoff_auth_not_configured"
+            )
         self._auth.check(request.headers.get("authorization"))
         media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if media_type != HANDOFF_MEDIA_TYPE:

@@ -11,8 +11,9 @@ for the next handoff (page faults on fresh memory cost more than the copy), boun
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing, asynccontextmanager
 
 from prometheus_client import Gauge
@@ -27,6 +28,8 @@ from shared.handoff_assembler import AssembledHandoff, AssemblyCaps, HandoffRece
 from shared.row_buffer_pool import RowBufferPool
 
 OpenCheck = Callable[[OpenFrame], object]
+
+log = logging.getLogger("ardit.dit.intake")
 
 
 class _BufferAccount:
@@ -67,7 +70,7 @@ class HandoffIntake:
                 yield handoff
             except HandoffError as exc:
                 # The consumer refused the assembled rows (e.g. a prompt too long for the DiT).
-                self._metrics.handoff_failures.labels(exc.code).inc()
+                self._failed(exc.code, exc.message)
                 raise
         finally:
             receiver.assembler.release()
@@ -97,17 +100,22 @@ class HandoffIntake:
                         check_open(receiver.assembler.open)
             handoff = receiver.finish()
         except HandoffError as exc:
-            metrics.handoff_failures.labels(exc.code).inc()
+            self._failed(exc.code, exc.message)
             raise
         except ClientDisconnect:
-            metrics.handoff_failures.labels("client_disconnected").inc()
+            self._failed("client_disconnected", "the sender went away mid-handoff")
             raise
         finally:
             metrics.handoffs_in_flight.dec()
         metrics.handoff_receive_seconds.observe(time.monotonic() - started)
         return handoff
 
-    async def _paced(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    def _failed(self, reason: str, message: str) -> None:
+        # The log line carries the request id (x-request-id, set by the AR) through the log filter.
+        log.warning("handoff failed (%s): %s", reason, message)
+        self._metrics.handoff_failures.labels(reason).inc()
+
+    async def _paced(self, chunks: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
         """The body's chunks, ending the handoff when none arrives within the stall timeout."""
         iterator = aiter(chunks)
         while True:

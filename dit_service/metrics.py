@@ -3,22 +3,8 @@
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
-from prometheus_client.gc_collector import GCCollector
-from prometheus_client.platform_collector import PlatformCollector
-from prometheus_client.process_collector import ProcessCollector
 
-# Sub-second stages on a GPU up to multi-minute CPU renders.
-_STAGE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
-_REQUEST_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600)
-
-
-def new_registry() -> CollectorRegistry:
-    """A registry per app (tests run several in one process) with the process/platform/GC families."""
-    registry = CollectorRegistry()
-    ProcessCollector(registry=registry)
-    PlatformCollector(registry=registry)
-    GCCollector(registry=registry)
-    return registry
+from services.metrics import LATENCY_BUCKETS
 
 
 class DitMetrics:
@@ -41,7 +27,7 @@ class DitMetrics:
         self.handoff_receive_seconds = Histogram(
             "ardit_dit_handoff_receive_seconds",
             "From the first byte of a handoff to its accepted close.",
-            buckets=_STAGE_BUCKETS,
+            buckets=LATENCY_BUCKETS,
             registry=registry,
         )
         self.handoff_buffer_bytes = Gauge(
@@ -51,21 +37,21 @@ class DitMetrics:
             "ardit_dit_handoff_buffer_idle_bytes", "Released row buffers kept warm for reuse.", registry=registry
         )
         self.queue_wait_seconds = Histogram(
-            "ardit_dit_queue_wait_seconds", "Wait for a pipeline slot.", buckets=_STAGE_BUCKETS, registry=registry
+            "ardit_dit_queue_wait_seconds", "Wait for a pipeline slot.", buckets=LATENCY_BUCKETS, registry=registry
         )
         self.denoise_seconds = Histogram(
-            "ardit_dit_denoise_seconds", "Denoising loop per image.", buckets=_STAGE_BUCKETS, registry=registry
+            "ardit_dit_denoise_seconds", "Denoising loop per image.", buckets=LATENCY_BUCKETS, registry=registry
         )
         self.vae_decode_seconds = Histogram(
-            "ardit_dit_vae_decode_seconds", "VAE decode per image.", buckets=_STAGE_BUCKETS, registry=registry
+            "ardit_dit_vae_decode_seconds", "VAE decode per image.", buckets=LATENCY_BUCKETS, registry=registry
         )
         self.encode_seconds = Histogram(
-            "ardit_dit_encode_seconds", "Image file encoding per image.", buckets=_STAGE_BUCKETS, registry=registry
+            "ardit_dit_encode_seconds", "Image file encoding per image.", buckets=LATENCY_BUCKETS, registry=registry
         )
         self.request_seconds = Histogram(
             "ardit_dit_request_seconds",
             "Whole /v1/handoff exchange, first byte to last result frame.",
-            buckets=_REQUEST_BUCKETS,
+            buckets=LATENCY_BUCKETS,
             registry=registry,
         )
         self.images = Counter("ardit_dit_images", "Final images produced.", ["format"], registry=registry)

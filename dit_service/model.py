@@ -11,13 +11,38 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler, QwenImagePipeline
+from pydantic import BaseModel, ConfigDict
 
 from shared.tensor_codec import ALLOWED_DTYPES
 
 log = logging.getLogger("ardit.dit.model")
+
+
+MODEL_CARD_FILE = "ardit.json"
+
+
+class ModelCard(BaseModel):
+    """Optional ``ardit.json`` in a model directory: what the model is and renders best.
+
+    A checkpoint made for ardit (the trained demo model) says so here; any other checkpoint has
+    no card, and the settings' defaults describe it.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    description: str | None = None
+    default_size: str | None = None  # "WIDTHxHEIGHT"
+    default_num_inference_steps: int | None = None
+    default_guidance_scale: float | None = None
+
+    @classmethod
+    def read(cls, model_dir: Path) -> ModelCard:
+        path = model_dir / MODEL_CARD_FILE
+        return cls.model_validate_json(path.read_text()) if path.exists() else cls()
 
 
 @dataclass(frozen=True)
@@ -34,9 +59,15 @@ class ModelFacts:
     device: torch.device
 
 
+# diffusers registers a pipeline's components at run time (``register_modules``), so to a type
+# checker ``transformer``, ``vae``, ``scheduler``... are not attributes of ``QwenImagePipeline``.
+Pipeline = Any
+
+
 class DitModel:
-    def __init__(self, base: QwenImagePipeline, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(self, base: Pipeline, device: torch.device, dtype: torch.dtype, card: ModelCard) -> None:
         self._base = base
+        self.card = card
         self.transformer = base.transformer
         self.vae = base.vae
         self.vae_scale_factor: int = base.vae_scale_factor
@@ -54,15 +85,15 @@ class DitModel:
         base = QwenImagePipeline.from_pretrained(str(model_dir), text_encoder=None, tokenizer=None, dtype=dtype)
         base.to(device)
         log.info("loaded %s on %s as %s", model_dir, device, dtype_name)
-        return cls(base, torch.device(device), dtype)
+        return cls(base, torch.device(device), dtype, ModelCard.read(model_dir))
 
     @property
     def latent_channels(self) -> int:
         # The transformer sees 2x2 patches of VAE latents packed into its channels.
         return int(self.transformer.config.in_channels) // 4
 
-    def new_pipeline(self) -> QwenImagePipeline:
-        pipeline = QwenImagePipeline(
+    def new_pipeline(self) -> Pipeline:
+        pipeline: Pipeline = QwenImagePipeline(
             scheduler=FlowMatchEulerDiscreteScheduler.from_config(self._base.scheduler.config),
             vae=self.vae,
             text_encoder=None,

@@ -11,20 +11,20 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
-from diffusers import QwenImagePipeline
 
 from dit_service.conditioning import Conditioning
 from dit_service.image_encoder import ImageEncoder
 from dit_service.latent_decoder import LatentDecoder
 from dit_service.metrics import DitMetrics
-from dit_service.model import DitModel
+from dit_service.model import DitModel, Pipeline
 from dit_service.previews import clean_latent_estimate, preview_steps
 from shared.frames import DiffusionParams
 from shared.result_frames import ImageFrame, PartialImageFrame
 
-FrameSink = Callable[[PartialImageFrame | ImageFrame], None]
+EmitResult = Callable[[PartialImageFrame | ImageFrame], None]
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,9 @@ class _StepCallback:
         self._on_preview = on_preview
         self._cancel = cancel
 
-    def __call__(self, pipeline: QwenImagePipeline, step: int, timestep: torch.Tensor, tensors: dict) -> dict:
+    def __call__(
+        self, pipeline: Pipeline, step: int, timestep: torch.Tensor, tensors: dict[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
         latents = tensors["latents"]
         if self._cancel.is_set():
             # The documented way to stop a diffusers loop: remaining steps are skipped.
@@ -84,7 +86,7 @@ class PipelineRunner:
         self._encoder = encoder
         self._metrics = metrics
 
-    def render(self, job: RenderJob, emit: FrameSink, cancel: threading.Event) -> RenderTimings:
+    def render(self, job: RenderJob, emit: EmitResult, cancel: threading.Event) -> RenderTimings:
         timings = RenderTimings()
         inputs = self._pipeline_inputs(job.conditioning, job.params.guidance_scale)
         for index in range(job.params.num_images):
@@ -93,25 +95,32 @@ class PipelineRunner:
             self._render_image(job, index, inputs, emit, cancel, timings)
         return timings
 
-    def _pipeline_inputs(self, conditioning: Conditioning, guidance_scale: float) -> dict:
+    def _pipeline_inputs(self, conditioning: Conditioning, guidance_scale: float) -> dict[str, Any]:
         device = self._model.facts.device
-        inputs = {
+        inputs: dict[str, Any] = {
             "prompt_embeds": conditioning.prompt_embeds.to(device),
             "prompt_embeds_mask": conditioning.prompt_embeds_mask.to(device),
             "true_cfg_scale": 1.0,
         }
         lengths = [conditioning.prompt_embeds.shape[1]]
-        if conditioning.has_negative and guidance_scale > 1.0:
-            inputs["negative_prompt_embeds"] = conditioning.negative_prompt_embeds.to(device)
-            inputs["negative_prompt_embeds_mask"] = conditioning.negative_prompt_embeds_mask.to(device)
+        negative, negative_mask = conditioning.negative_prompt_embeds, conditioning.negative_prompt_embeds_mask
+        if negative is not None and negative_mask is not None and guidance_scale > 1.0:
+            inputs["negative_prompt_embeds"] = negative.to(device)
+            inputs["negative_prompt_embeds_mask"] = negative_mask.to(device)
             inputs["true_cfg_scale"] = guidance_scale
-            lengths.append(conditioning.negative_prompt_embeds.shape[1])
+            lengths.append(negative.shape[1])
         # The adapter already enforced the service's limit; this only stops diffusers cutting anything.
         inputs["max_sequence_length"] = max(lengths)
         return inputs
 
     def _render_image(
-        self, job: RenderJob, index: int, inputs: dict, emit: FrameSink, cancel: threading.Event, timings: RenderTimings
+        self,
+        job: RenderJob,
+        index: int,
+        inputs: dict[str, Any],
+        emit: EmitResult,
+        cancel: threading.Event,
+        timings: RenderTimings,
     ) -> None:
         params = job.params
         seed = params.seed + index

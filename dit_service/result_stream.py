@@ -21,7 +21,7 @@ from starlette.responses import StreamingResponse
 
 from dit_service.admission import RunTicket
 from dit_service.metrics import DitMetrics
-from dit_service.pipeline_runner import FrameSink, PipelineRunner, RenderCancelled, RenderJob, RenderTimings
+from dit_service.pipeline_runner import EmitResult, PipelineRunner, RenderCancelled, RenderJob, RenderTimings
 from shared.result_frames import RESULT_MEDIA_TYPE, DoneFrame, ErrorFrame, ImageFrame, PartialImageFrame, encode_result
 
 log = logging.getLogger("ardit.dit.results")
@@ -77,7 +77,7 @@ class ResultStream:
             self._metrics.request_seconds.observe(time.monotonic() - started)
 
     async def _run(
-        self, job: RenderJob, emit: FrameSink, cancel: threading.Event, ticket: RunTicket, queue: asyncio.Queue
+        self, job: RenderJob, emit: EmitResult, cancel: threading.Event, ticket: RunTicket, queue: asyncio.Queue
     ) -> None:
         metrics = self._metrics
         waited = time.monotonic()
@@ -93,8 +93,13 @@ class ResultStream:
                     timings = await asyncio.to_thread(self._runner.render, job, emit, cancel)
                 finally:
                     metrics.pipeline_runs_in_flight.dec()
-                log.info("rendered %d image(s) of %dx%d, %d steps", job.params.num_images, job.params.width,
-                         job.params.height, job.params.num_inference_steps)
+                log.info(
+                    "rendered %d image(s) of %dx%d, %d steps",
+                    job.params.num_images,
+                    job.params.width,
+                    job.params.height,
+                    job.params.num_inference_steps,
+                )
         except RenderCancelled:
             metrics.pipeline_failures.labels("client_disconnected").inc()
         except Exception:
@@ -105,9 +110,7 @@ class ResultStream:
             queue.put_nowait(_RunEnded(timings, queue_seconds))
 
     @staticmethod
-    def _last_frame(
-        job: RenderJob, ended: _RunEnded, started: float, handoff_seconds: float
-    ) -> DoneFrame | ErrorFrame:
+    def _last_frame(job: RenderJob, ended: _RunEnded, started: float, handoff_seconds: float) -> DoneFrame | ErrorFrame:
         if ended.timings is None:
             # No internals in the body; the log has the traceback.
             return ErrorFrame(

@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from services.checkpoints import default_model_dir
 from shared.frame_codec import FrameLimits
 from shared.handoff_assembler import AssemblyCaps
 
 TorchDtypeName = Literal["float32", "bfloat16", "float16"]
-
-
-def default_model_dir() -> Path:
-    base = os.environ.get("ARDIT_CACHE_DIR") or os.path.join("~", ".cache", "ardit")
-    return Path(base).expanduser() / "models" / "qwen-image-tiny"
+DEFAULT_MODEL = "qwen-image-tiny"
+SIZE_PATTERN = r"^[1-9][0-9]{0,5}x[1-9][0-9]{0,5}$"
 
 
 class DitSettings(BaseSettings):
@@ -25,7 +22,8 @@ class DitSettings(BaseSettings):
 
     # --- model -------------------------------------------------------------------------------
     model_dir: Path = Field(
-        default_factory=default_model_dir, description="QwenImagePipeline directory (no text encoder needed)."
+        default_factory=lambda: default_model_dir(DEFAULT_MODEL),
+        description="QwenImagePipeline directory (no text encoder needed).",
     )
     device: Literal["cpu", "cuda"] = Field("cpu", description="Where the pipeline runs.")
     dtype: TorchDtypeName | None = Field(None, description="Model dtype; default float32 on CPU, bfloat16 on CUDA.")
@@ -78,9 +76,6 @@ class DitSettings(BaseSettings):
     )
 
     # --- conditioning ----------------------------------------------------------------------------
-    drop_prefix_tokens: Annotated[int, Field(ge=0)] = Field(
-        0, description="Rows of the AR prompt template prefix that do not condition the DiT (Qwen-Image: 34)."
-    )
     special_token_ids: frozenset[int] = Field(
         frozenset(), description="Token ids whose rows ar_generated drops from the text part (JSON list in env)."
     )
@@ -94,10 +89,23 @@ class DitSettings(BaseSettings):
         1, description="Right-pad conditioning to a multiple of this (with a mask) so few shapes occur."
     )
 
-    # --- diffusion limits -----------------------------------------------------------------------
+    # --- diffusion defaults (announced to the AR; None: the model's ardit.json, else the fallback) -
+    default_size: Annotated[str, Field(pattern=SIZE_PATTERN)] | None = Field(
+        None, description="WIDTHxHEIGHT for size=auto (None: the model card's, else 256x256)."
+    )
+    default_num_inference_steps: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="Steps when a request names neither steps nor quality (None: the model card's, else 8)."
+    )
+    default_guidance_scale: Annotated[float, Field(ge=0)] | None = Field(
+        None, description="guidance_scale when a request gives none (None: the model card's, else 1.0); > 1 is CFG."
+    )
+
+    # --- diffusion limits (announced to the AR, enforced on every open frame) ---------------------
     max_pixels: Annotated[int, Field(ge=1)] = Field(2 * 1024 * 1024, description="Max width*height.")
     max_inference_steps: Annotated[int, Field(ge=1)] = Field(100, description="Max num_inference_steps.")
-    max_images_per_handoff: Annotated[int, Field(ge=1)] = Field(10, description="Max num_images (OpenAI allows n up to 10).")
+    max_images_per_handoff: Annotated[int, Field(ge=1)] = Field(
+        10, description="Max num_images (OpenAI allows n up to 10)."
+    )
     max_guidance_scale: Annotated[float, Field(ge=0)] = Field(50.0, description="Max guidance_scale.")
 
     @property

@@ -45,10 +45,13 @@ def open_frame(
     final_norm: bool = True,
     max_rows: int | None = None,
     request_id: str = "req_test",
+    prefix_tokens: int | None = 0,
 ) -> OpenFrame:
-    streams = {"cond": StreamSpec(prompt_tokens=cond_rows, max_rows=max_rows or cond_rows)}
+    streams = {"cond": StreamSpec(prompt_tokens=cond_rows, max_rows=max_rows or cond_rows, prefix_tokens=prefix_tokens)}
     if uncond_rows is not None:
-        streams["uncond"] = StreamSpec(prompt_tokens=uncond_rows, max_rows=max_rows or uncond_rows)
+        streams["uncond"] = StreamSpec(
+            prompt_tokens=uncond_rows, max_rows=max_rows or uncond_rows, prefix_tokens=prefix_tokens
+        )
     return OpenFrame(
         request_id=request_id,
         model=model,

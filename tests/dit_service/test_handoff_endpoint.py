@@ -123,7 +123,7 @@ def bad_schema_version():
 
 def unknown_kind():
     _, parts = _handoff()
-    return parts + [_raw({"v": SCHEMA_VERSION, "kind": "teleport", "request_id": "req_test"})]
+    return [*parts, _raw({"v": SCHEMA_VERSION, "kind": "teleport", "request_id": "req_test"})]
 
 
 def bad_dtype_in_open():
@@ -162,7 +162,9 @@ def checksum_mismatch():
     close = CloseFrame(
         request_id="req_test",
         streams={
-            "cond": StreamTotals(rows=ROWS, token_ids=token_ids_to_bytes(token_ids(ROWS)), answer_start_index=ROWS, checksum="0" * 16)
+            "cond": StreamTotals(
+                rows=ROWS, token_ids=token_ids_to_bytes(token_ids(ROWS)), answer_start_index=ROWS, checksum="0" * 16
+            )
         },
         cached_tokens=0,
         cache_creation_tokens=0,
@@ -175,7 +177,7 @@ def corrupt_payload():
     rows = _rows(encoder, 0, ROWS)
     payload = bytearray(rows[1])
     payload[0] ^= 0xFF
-    return parts + [rows[0], bytes(payload)]
+    return [*parts, rows[0], bytes(payload)]
 
 
 def frame_after_close():
@@ -213,7 +215,7 @@ def ends_without_close():
 def ends_inside_a_frame():
     encoder, parts = _handoff()
     rows = _rows(encoder, 0, ROWS)
-    return parts + [rows[0], rows[1][:100]]
+    return [*parts, rows[0], rows[1][:100]]
 
 
 def garbage():
@@ -264,7 +266,9 @@ def test_contract_violation_is_a_typed_4xx_and_releases_memory(dit_server, make_
         ({"conditioning": "telepathy"}, "conditioning"),
         ({"model": "some-other-llm"}, "model"),
         ({"final_norm": False}, "final_norm"),
+        ({"prefix_tokens": None}, "prompt"),
     ],
+    ids=["hidden_size", "conditioning", "model", "final_norm", "no_prefix_tokens"],
 )
 def test_conditioning_mismatch_is_refused_at_open(dit_server, open_options, param):
     hidden = open_options.get("hidden", HIDDEN)
@@ -278,16 +282,27 @@ def test_conditioning_mismatch_is_refused_at_open(dit_server, open_options, para
 @pytest.mark.parametrize(
     "diffusion, param",
     [
-        (params(width=40), "diffusion.width"),
-        (params(height=24), "diffusion.height"),
-        (params(width=2048, height=2048), "diffusion.width"),
-        (params(num_inference_steps=1), "diffusion.num_inference_steps"),
-        (params(num_inference_steps=101), "diffusion.num_inference_steps"),
-        (params(num_images=11), "diffusion.num_images"),
-        (params(guidance_scale=4.0), "diffusion.guidance_scale"),
-        (params(guidance_scale=float("inf")), "diffusion.guidance_scale"),
+        (params(width=40), "size"),
+        (params(height=24), "size"),
+        (params(width=2048, height=2048), "size"),
+        (params(num_inference_steps=1), "num_inference_steps"),
+        (params(num_inference_steps=101), "num_inference_steps"),
+        (params(num_images=11), "n"),
+        (params(guidance_scale=4.0), "guidance_scale"),
+        (params(guidance_scale=float("inf")), "guidance_scale"),
+        (params(seed=2**64 - 1, num_images=2), "seed"),
     ],
-    ids=["width", "height", "pixels", "one_step", "too_many_steps", "images", "cfg_without_uncond", "inf_guidance"],
+    ids=[
+        "width",
+        "height",
+        "pixels",
+        "one_step",
+        "too_many_steps",
+        "images",
+        "cfg_without_uncond",
+        "inf_guidance",
+        "seed_overflow",
+    ],
 )
 def test_diffusion_params_the_model_cannot_honour_are_refused(dit_server, diffusion, param):
     answer = post_handoff(dit_server.url, complete_handoff(hidden_rows(ROWS), diffusion=diffusion))
@@ -301,7 +316,8 @@ def test_prompt_longer_than_max_sequence_length_is_refused(dit_server):
     answer = post_handoff(dit_server.url, complete_handoff(hidden_rows(70), frame_rows=16))
     assert answer.status == 422
     assert answer.error["code"] == "prompt_too_long"
-    assert answer.error["message"] == "prompt too long for the DiT (70 > 64)"
+    assert answer.error["message"] == "prompt too long for the DiT (70 > 64 rows)"
+    assert answer.error["param"] == "prompt"
     assert_released(dit_server.url)
 
 

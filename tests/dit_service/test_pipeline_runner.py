@@ -10,13 +10,13 @@ import pytest
 import torch
 from diffusers import QwenImagePipeline
 from PIL import Image
+from prometheus_client import CollectorRegistry
 
 from dit_service.conditioning import Conditioning
 from dit_service.image_encoder import ImageEncoder
 from dit_service.latent_decoder import LatentDecoder
 from dit_service.metrics import DitMetrics
 from dit_service.pipeline_runner import PipelineRunner, RenderCancelled, RenderJob
-from prometheus_client import CollectorRegistry
 from shared.result_frames import ImageFrame, PartialImageFrame
 from tests.dit_service.handoff_requests import hidden_rows, params
 

@@ -172,7 +172,7 @@ def test_concurrent_requests_render_what_sequential_ones_do(dit_server):
     sequential = [post_handoff(dit_server.url, body) for body in bodies]
     with ThreadPoolExecutor(2) as pool:
         concurrent = list(pool.map(lambda body: post_handoff(dit_server.url, body), bodies))
-    for alone, together in zip(sequential, concurrent):
+    for alone, together in zip(sequential, concurrent, strict=True):
         assert [i.data for i in alone.images] == [i.data for i in together.images]
 
 
@@ -182,18 +182,20 @@ def test_disconnect_mid_run_interrupts_it_and_frees_the_pipeline(narrow_server):
     images_before = metric(url, "ardit_dit_images_total", format="png")
     diffusion = params(width=128, height=128, num_inference_steps=400, partial_images=3)
     body = complete_handoff(hidden_rows(10), diffusion=diffusion)
-    with httpx.Client(timeout=60) as client:
-        with client.stream("POST", f"{url}/v1/handoff", content=iter(body), headers=handoff_headers()) as response:
-            assert response.status_code == 200
-            # Held in a variable: a dropped iterator would close the connection right away.
-            chunks, reader = response.iter_bytes(), ResultReader()
-            while not any(f.kind == "partial_image" for f in reader.feed(next(chunks))):
-                pass
-            assert metric(url, "ardit_dit_pipeline_runs_in_flight") == 1
-            # The only run slot is taken and nothing may queue: refused up front.
-            busy = post_handoff(url, complete_handoff(hidden_rows(10)))
-            assert busy.status == 429 and busy.error["code"] == "pipeline_queue_full"
-            assert busy.headers["retry-after"]
+    with (
+        httpx.Client(timeout=60) as client,
+        client.stream("POST", f"{url}/v1/handoff", content=iter(body), headers=handoff_headers()) as response,
+    ):
+        assert response.status_code == 200
+        # Held in a variable: a dropped iterator would close the connection right away.
+        chunks, reader = response.iter_bytes(), ResultReader()
+        while not any(f.kind == "partial_image" for f in reader.feed(next(chunks))):
+            pass
+        assert metric(url, "ardit_dit_pipeline_runs_in_flight") == 1
+        # The only run slot is taken and nothing may queue: refused up front.
+        busy = post_handoff(url, complete_handoff(hidden_rows(10)))
+        assert busy.status == 429 and busy.error["code"] == "pipeline_queue_full"
+        assert busy.headers["retry-after"]
     deadline = time.monotonic() + 10
     while metric(url, "ardit_dit_pipeline_runs_in_flight") or not metric(
         url, "ardit_dit_pipeline_failures_total", reason="client_disconnected"
