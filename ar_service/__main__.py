@@ -17,8 +17,9 @@ class ArCli(ArSettings, cli_parse_args=True, cli_prog_name="python -m ar_service
 def main() -> None:
     settings = CliApp.run(ArCli)
     configure_logging("ar", settings.log_level)
-    uvicorn.run(create_ar_app(settings), host=settings.host, port=settings.port, log_config=None,
-                timeout_graceful_shutdown=10)
+    uvicorn.run(
+        create_ar_app(settings), host=settings.host, port=settings.port, log_config=None, timeout_graceful_shutdown=10
+    )
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from ar_service.metrics import ArMetrics
-from services.errors import ApiError
+from services.errors import Overloaded
 
 
 class RequestAdmission:
@@ -23,11 +23,10 @@ class RequestAdmission:
     @asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:
         if self._running.locked() and self._waiting >= self._max_waiting:
-            raise ApiError(
-                429,
+            raise Overloaded(
                 "too many image requests in flight; retry shortly",
                 code="rate_limit_exceeded",
-                headers={"Retry-After": str(self._retry_after)},
+                retry_after=self._retry_after,
             )
         self._waiting += 1
         self._metrics.requests_queued.set(self._waiting)

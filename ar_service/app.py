@@ -1,7 +1,7 @@
 """The AR service's composition root: settings in, FastAPI app out.
 
 The engine starts in a worker thread inside the lifespan, so ``/healthz`` answers at once and
-``/readyz`` says "loading" until the engine is up and warmed and the DiT answers its own readyz.
+``/readyz`` says "loading" until the engine is up and warmed and the DiT is ready (and compatible).
 """
 
 from __future__ import annotations
@@ -10,31 +10,33 @@ import asyncio
 import contextlib
 import logging
 import secrets
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+import httpx
 import torch
 from fastapi import FastAPI, Request
 from prometheus_client import CollectorRegistry
 
 from ar_service import __version__
 from ar_service.admission import RequestAdmission
-from ar_service.engine import EngineRequest, HiddenStateEngine
+from ar_service.api.router import build_router
+from ar_service.api.serving import ImageServing
+from ar_service.dit_peer import DitPeer
+from ar_service.engine.hidden_state_engine import EngineRequest, HiddenStateEngine
 from ar_service.handoff_client import HandoffClient
-from ar_service.image_api import ImageApi, build_router
 from ar_service.image_generation import ImageGenerator
 from ar_service.image_store import ImageStore
 from ar_service.metrics import ArMetrics
 from ar_service.prompt_builder import PromptBuilder
+from ar_service.readiness import ArReadiness
 from ar_service.settings import ArSettings
 from services.app import create_app
+from services.auth import BearerAuth
 from services.errors import ApiError
+from services.metrics import new_registry
 
 log = logging.getLogger("ardit.ar.app")
-
-# The DiT's readiness is asked at most this often; probes come every few seconds.
-_PEER_CHECK_SECONDS = 2.0
 
 
 @dataclass
@@ -44,24 +46,25 @@ class ArRuntime:
     settings: ArSettings
     engine: HiddenStateEngine
     prompts: PromptBuilder
-    dit: HandoffClient
     generator: ImageGenerator
+    readiness: ArReadiness
     metrics: ArMetrics
-    engine_ready: bool = False
-    engine_error: str | None = None
-    peer_ready: bool = False
-    peer_checked_at: float = 0.0
 
 
 def create_ar_app(settings: ArSettings, registry: CollectorRegistry | None = None) -> FastAPI:
-    registry = registry if registry is not None else CollectorRegistry()
+    registry = registry if registry is not None else new_registry()
     metrics = ArMetrics(registry)
     engine = HiddenStateEngine(settings)
     prompts = PromptBuilder.from_model_dir(settings.model_dir, settings.prompt_template)
+    dit_http = httpx.AsyncClient(
+        base_url=settings.dit_url,
+        timeout=httpx.Timeout(settings.dit_timeout_seconds, connect=settings.dit_connect_timeout_seconds),
+        limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
+    )
     token = settings.handoff_token.get_secret_value() if settings.handoff_token else None
-    dit = HandoffClient(settings.dit_url, token, settings.dit_connect_timeout_seconds, settings.dit_timeout_seconds)
-    generator = ImageGenerator(settings, engine, prompts, dit, metrics)
-    runtime = ArRuntime(settings, engine, prompts, dit, generator, metrics)
+    generator = ImageGenerator(settings, engine, prompts, HandoffClient(dit_http, token), metrics)
+    readiness = ArReadiness(DitPeer(dit_http, hidden_size=engine.shape.hidden_size, conditioning=settings.conditioning))
+    runtime = ArRuntime(settings, engine, prompts, generator, readiness, metrics)
     metrics.build_info.info(
         {
             "version": __version__,
@@ -77,13 +80,15 @@ def create_ar_app(settings: ArSettings, registry: CollectorRegistry | None = Non
         try:
             await asyncio.to_thread(engine.start)
             # One tiny request runs the whole capture path once before traffic does.
-            warm = EngineRequest(stream_id=f"warmup:{secrets.token_hex(4)}", prompt_token_ids=prompts.build("warm up").token_ids)
-            async for _ in engine.stream(warm):
+            warm = EngineRequest(
+                engine_request_id=f"warmup:{secrets.token_hex(4)}", prompt_token_ids=prompts.build("warm up").token_ids
+            )
+            async for _ in engine.run(warm):
                 pass
-            runtime.engine_ready = True
+            readiness.engine_ready = True
             log.info("AR engine ready (block size %d)", engine.block_size)
         except Exception as exc:  # readiness reports it; the process stays up for /healthz
-            runtime.engine_error = f"{type(exc).__name__}: {exc}"
+            readiness.engine_error = f"{type(exc).__name__}: {exc}"
             log.exception("AR engine failed to start")
 
     @contextlib.asynccontextmanager
@@ -95,35 +100,33 @@ def create_ar_app(settings: ArSettings, registry: CollectorRegistry | None = Non
             starting.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await starting
-            await dit.aclose()
+            await dit_http.aclose()
             await asyncio.to_thread(engine.shutdown)
 
-    async def readiness() -> tuple[bool, str]:
-        if runtime.engine_error:
-            return False, f"engine failed: {runtime.engine_error}"
-        if not runtime.engine_ready:
-            return False, "engine loading"
-        now = time.monotonic()
-        if now - runtime.peer_checked_at > _PEER_CHECK_SECONDS:
-            runtime.peer_ready = await dit.ready()
-            runtime.peer_checked_at = now
-        return (True, "ready") if runtime.peer_ready else (False, "DiT service not ready or unreachable")
-
-    app = create_app("ardit AR service", lifespan=lifespan, readiness=readiness, registry=registry)
+    app = create_app("ardit AR service", lifespan=lifespan, readiness=readiness.probe, registry=registry)
     app.state.runtime = runtime
     admission = RequestAdmission(settings.max_concurrent_requests, settings.max_queued_requests, metrics)
-    store = ImageStore(settings.image_store_size, settings.image_ttl_seconds)
-    api = ImageApi(settings, generator, admission, store, metrics, readiness)
+    serving = ImageServing(
+        settings, generator, ImageStore(settings.image_store_size, settings.image_ttl_seconds), metrics, readiness
+    )
+    api_keys = BearerAuth(
+        settings.api_keys, what="API key", missing_code="missing_api_key", invalid_code="invalid_api_key"
+    )
+    app.include_router(build_router(serving, admission, api_keys))
 
-    app.include_router(build_router(api))
+    admin = BearerAuth(
+        [settings.admin_token.get_secret_value()] if settings.admin_token else [],
+        what="admin token",
+        missing_code="invalid_admin_token",
+        invalid_code="invalid_admin_token",
+    )
 
     @app.post("/admin/reset_prefix_cache", include_in_schema=False)
     async def reset_prefix_cache(request: Request) -> dict:
-        if settings.admin_token is None:
+        # Without a (non-empty) admin token the endpoint does not exist.
+        if not admin.enabled:
             raise ApiError(404, "not found", code="not_found")
-        header = request.headers.get("authorization", "")
-        if not secrets.compare_digest(header, f"Bearer {settings.admin_token.get_secret_value()}"):
-            raise ApiError(401, "admin token required", code="invalid_admin_token")
+        admin.check(request.headers.get("authorization"))
         return {"reset": await engine.reset_prefix_cache()}
 
     return app

@@ -8,20 +8,18 @@ service's ``/metrics`` has both.
 
 from __future__ import annotations
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, Info
+from collections.abc import Iterator
 
-# 1 ms (a warm GPU prefill) to minutes (a long CPU prompt).
-_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
-_DURATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600)
-# Handoff tail: milliseconds when overlapped with decoding, seconds when not.
-_HANDOFF_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
-_TOKEN_BUCKETS = (0, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client.metrics_core import Metric
+
+from services.metrics import HANDOFF_BUCKETS, LATENCY_BUCKETS, TOKEN_BUCKETS
 
 
 class VllmFamilies:
     """Collector that yields the vLLM families from the global registry."""
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         for family in REGISTRY.collect():
             if family.name.startswith("vllm:"):
                 yield family
@@ -41,33 +39,41 @@ class ArMetrics:
             "ardit_ar_cache_creation_tokens", "Prompt tokens written into cache blocks.", registry=registry
         )
         self.cached_tokens_per_request = Histogram(
-            "ardit_ar_request_cached_tokens", "Cached prompt tokens per request.", buckets=_TOKEN_BUCKETS, registry=registry
+            "ardit_ar_request_cached_tokens",
+            "Cached prompt tokens per request.",
+            buckets=TOKEN_BUCKETS,
+            registry=registry,
         )
         self.cache_creation_tokens_per_request = Histogram(
             "ardit_ar_request_cache_creation_tokens",
             "Cache creation tokens per request.",
-            buckets=_TOKEN_BUCKETS,
+            buckets=TOKEN_BUCKETS,
             registry=registry,
         )
         self.ttft_seconds = Histogram(
             "ardit_ar_time_to_first_token_seconds",
             "HTTP request received to first generated token.",
-            buckets=_TTFT_BUCKETS,
+            buckets=LATENCY_BUCKETS,
             registry=registry,
         )
         self.ar_seconds = Histogram(
-            "ardit_ar_engine_seconds", "Engine submission to last row.", buckets=_DURATION_BUCKETS, registry=registry
+            "ardit_ar_engine_seconds", "Engine submission to last row.", buckets=LATENCY_BUCKETS, registry=registry
         )
         self.request_seconds = Histogram(
-            "ardit_ar_request_seconds", "Whole request, received to answered.", buckets=_DURATION_BUCKETS, registry=registry
+            "ardit_ar_request_seconds",
+            "Whole request, received to answered.",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
         )
         self.handoff_latency_seconds = Histogram(
             "ardit_handoff_latency_seconds",
             "AR's last row to the DiT holding the complete conditioning.",
-            buckets=_HANDOFF_BUCKETS,
+            buckets=HANDOFF_BUCKETS,
             registry=registry,
         )
-        self.handoff_bytes_sent = Counter("ardit_handoff_bytes_sent", "Handoff bytes sent to the DiT.", registry=registry)
+        self.handoff_bytes_sent = Counter(
+            "ardit_handoff_bytes_sent", "Handoff bytes sent to the DiT.", registry=registry
+        )
         self.handoff_frames_sent = Counter("ardit_handoff_frames_sent", "Handoff frames sent.", registry=registry)
         self.handoff_failures = Counter(
             "ardit_handoff_failures", "Handoffs that failed, by reason.", ["reason"], registry=registry

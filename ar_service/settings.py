@@ -5,12 +5,13 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from services.checkpoints import default_model_dir
 
 # Qwen-Image's own prompt template: the DiT was trained on the rows after its system prefix.
 QWEN_IMAGE_TEMPLATE = (
@@ -18,18 +19,16 @@ QWEN_IMAGE_TEMPLATE = (
     "spatial relationships of the objects and background:<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n"
     "<|im_start|>assistant\n"
 )
-
-
-def default_model_dir() -> Path:
-    base = os.environ.get("ARDIT_CACHE_DIR") or os.path.join("~", ".cache", "ardit")
-    return Path(base).expanduser() / "models" / "smollm2-135m-instruct"
+DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
 class ArSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ARDIT_AR_", populate_by_name=True, frozen=True)
 
     # --- model and engine ------------------------------------------------------------------------
-    model_dir: Path = Field(default_factory=default_model_dir, description="HF checkpoint directory vLLM serves.")
+    model_dir: Path = Field(
+        default_factory=lambda: default_model_dir(DEFAULT_MODEL), description="HF checkpoint directory vLLM serves."
+    )
     served_model_name: str = Field("ardit", description="The model id of the public API (/v1/models).")
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="Engine dtype: float32 on CPU (bf16 is slow there), bfloat16 on GPU."
@@ -58,18 +57,13 @@ class ArSettings(BaseSettings):
     max_new_tokens: Annotated[int, Field(ge=1)] = Field(
         1, description="Default generated tokens: 1 = encoder mode (Qwen-Image); more = AR generation (MammothModa2)."
     )
-    max_new_tokens_limit: Annotated[int, Field(ge=1)] = Field(512, description="Largest max_new_tokens a request may ask.")
+    max_new_tokens_limit: Annotated[int, Field(ge=1)] = Field(
+        512, description="Largest max_new_tokens a request may ask."
+    )
     max_prompt_tokens: Annotated[int, Field(ge=1)] = Field(
         1024, description="Longest templated prompt accepted (the DiT's max_sequence_length bounds what it uses)."
     )
     conditioning: Literal["qwen_image", "ar_generated"] = Field("qwen_image", description="DiT conditioning adapter.")
-
-    # --- image defaults and limits (checked here so a bad request never reaches the engine) ---
-    default_size: str = Field("256x256", description="WIDTHxHEIGHT used for size=auto.")
-    max_pixels: Annotated[int, Field(ge=256)] = Field(2 * 1024 * 1024, description="Max width*height.")
-    default_guidance_scale: Annotated[float, Field(ge=0)] = Field(
-        1.0, description="guidance_scale when the request gives none; > 1 turns on CFG (a negative stream)."
-    )
 
     # --- streaming and handoff -------------------------------------------------------------------
     row_buffer_bytes: Annotated[int, Field(gt=0)] = Field(
@@ -78,10 +72,12 @@ class ArSettings(BaseSettings):
     row_timeout_seconds: Annotated[float, Field(gt=0)] = Field(
         300.0, description="Longest wait for the next rows from the engine."
     )
-    stream_handoff: bool = Field(True, description="Send rows while decoding (off: after the AR finishes).")
+    overlap_handoff: bool = Field(True, description="Send rows while decoding (off: after the AR finishes).")
     dit_url: str = Field("http://127.0.0.1:8001", description="DiT service base URL.")
     handoff_token: SecretStr | None = Field(
-        None, validation_alias="ARDIT_HANDOFF_TOKEN", description="Bearer token shared with the DiT (env ARDIT_HANDOFF_TOKEN)."
+        None,
+        validation_alias="ARDIT_HANDOFF_TOKEN",
+        description="Bearer token shared with the DiT (env ARDIT_HANDOFF_TOKEN).",
     )
     dit_timeout_seconds: Annotated[float, Field(gt=0)] = Field(600.0, description="Longest DiT render.")
     dit_connect_timeout_seconds: Annotated[float, Field(gt=0)] = Field(5.0, description="DiT connect timeout.")

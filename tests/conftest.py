@@ -14,10 +14,9 @@ import pytest
 import torch
 
 from ar_service.app import ArRuntime, create_ar_app
-from ar_service.settings import ArSettings, default_model_dir as default_ar_model_dir
+from ar_service.settings import ArSettings
 from dit_service.app import create_dit_app
-from dit_service.settings import DitSettings, default_model_dir as default_dit_model_dir
-from services.launcher import DEFAULT_TEMPLATE_PREFIX_TOKENS
+from dit_service.settings import DitSettings
 from tests.support.live_server import LiveServer
 
 # Bitwise image comparisons need a fixed intra-op thread count.
@@ -51,9 +50,8 @@ def require_checkpoint(path: Path) -> Path:
 
 def dit_settings(**overrides) -> DitSettings:
     base = dict(
-        model_dir=require_checkpoint(default_dit_model_dir()),
+        model_dir=require_checkpoint(DitSettings().model_dir),
         handoff_token=HANDOFF_TOKEN,
-        drop_prefix_tokens=DEFAULT_TEMPLATE_PREFIX_TOKENS,
         torch_threads=1,
         max_pipeline_runs=1,
         pipeline_queue_size=16,
@@ -65,7 +63,7 @@ def dit_settings(**overrides) -> DitSettings:
 def stack() -> Iterator[Stack]:
     dit = LiveServer(create_dit_app(dit_settings())).start().wait_ready()
     settings = ArSettings(
-        model_dir=require_checkpoint(default_ar_model_dir()),
+        model_dir=require_checkpoint(ArSettings().model_dir),
         dit_url=dit.url,
         handoff_token=HANDOFF_TOKEN,
         api_keys=[API_KEY],

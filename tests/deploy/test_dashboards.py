@@ -11,8 +11,16 @@ from prometheus_client import CollectorRegistry
 
 from ar_service.metrics import ArMetrics
 from dit_service.metrics import DitMetrics
-from tests.deploy.dashboard import CHARTED_FAMILIES, DASHBOARDS, DATASOURCE, ROOT
-from tests.deploy.dashboard import expressions, load, metric_names, targets
+from tests.deploy.dashboard import (
+    CHARTED_FAMILIES,
+    DASHBOARDS,
+    DATASOURCE,
+    ROOT,
+    expressions,
+    load,
+    metric_names,
+    targets,
+)
 
 PROVISIONING = ROOT / "deploy" / "grafana" / "provisioning"
 SAMPLE_SUFFIXES = {

@@ -7,7 +7,6 @@ Prometheus comes from Debian's package (`make prometheus`; `make test` runs it f
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -20,18 +19,13 @@ import yaml
 
 from tests.conftest import API_KEY, Stack
 from tests.deploy.dashboard import CHARTED_FAMILIES, ROOT, load, promql, targets
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.slow
 
 IMAGE_REQUESTS = 3
 STARTUP_SECONDS = 60.0
 SCRAPE_WAIT_SECONDS = 60.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def scrape_config(stack: Stack) -> dict:

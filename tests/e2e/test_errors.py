@@ -7,15 +7,18 @@ import openai
 import pytest
 from openai import OpenAI
 
+from ar_service.dit_peer import DitPeer
 from tests.conftest import API_KEY
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def client(stack) -> OpenAI:
-    return OpenAI(base_url=stack.api_base, api_key=API_KEY, max_retries=0, timeout=120,
-                  _strict_response_validation=True)
+    return OpenAI(
+        base_url=stack.api_base, api_key=API_KEY, max_retries=0, timeout=120, _strict_response_validation=True
+    )
 
 
 def error_body(response: httpx.Response) -> dict:
@@ -43,8 +46,12 @@ def error_body(response: httpx.Response) -> dict:
     ],
 )
 def test_invalid_requests_are_400_naming_the_param(stack, payload, param):
-    response = httpx.post(f"{stack.api_base}/images/generations", json=payload,
-                          headers={"authorization": f"Bearer {API_KEY}"}, timeout=120)
+    response = httpx.post(
+        f"{stack.api_base}/images/generations",
+        json=payload,
+        headers={"authorization": f"Bearer {API_KEY}"},
+        timeout=120,
+    )
     assert response.status_code == 400, response.text
     error = error_body(response)
     assert error["type"] == "invalid_request_error" and error["param"] == param
@@ -88,14 +95,31 @@ def test_health_on_both_and_503_while_the_dit_is_not_ready(stack, client):
     for url in (stack.ar.url, stack.dit.url):
         assert httpx.get(f"{url}/healthz").json() == {"status": "ok"}
         assert httpx.get(f"{url}/readyz").status_code == 200
-    runtime = stack.runtime
-    # The AR's last DiT probe said "not ready", recently enough not to be repeated.
-    runtime.peer_ready, runtime.peer_checked_at = False, float("inf")
+    readiness = stack.runtime.readiness
+    healthy = readiness.peer
+    # A DiT nobody listens for: the AR's probe finds it unreachable.
+    readiness.peer = DitPeer(
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{free_port()}"), hidden_size=576, conditioning="qwen_image"
+    )
     try:
-        assert httpx.get(f"{stack.ar.url}/readyz").status_code == 503
+        body = httpx.get(f"{stack.ar.url}/readyz")
+        assert body.status_code == 503 and "unreachable" in body.json()["reason"]
         with pytest.raises(openai.InternalServerError) as info:
             client.images.generate(prompt="x", size="64x64", extra_body={"num_inference_steps": 2})
         assert info.value.status_code == 503 and info.value.body["code"] == "not_ready"
     finally:
-        runtime.peer_checked_at = 0.0
+        readiness.peer = healthy
     assert httpx.get(f"{stack.ar.url}/readyz").status_code == 200
+
+
+def test_the_dit_announces_its_limits_and_the_ar_checks_requests_against_them(stack):
+    capabilities = httpx.get(f"{stack.dit.url}/readyz").json()["capabilities"]
+    limits = capabilities["limits"]
+    assert capabilities["hidden_size"] == 576 and limits["size_multiple"] == 16
+    # One step under the DiT's fewest: refused by the AR with the public name, before any work.
+    response = httpx.post(
+        f"{stack.api_base}/images/generations",
+        headers={"authorization": f"Bearer {API_KEY}"},
+        json={"prompt": "x", "size": "64x64", "num_inference_steps": limits["min_inference_steps"] - 1},
+    )
+    assert response.status_code == 400 and error_body(response)["param"] == "num_inference_steps"

@@ -6,7 +6,6 @@ import concurrent.futures
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ import pytest
 from ar_service.handoff_client import HandoffClient
 from tests.conftest import API_KEY, HANDOFF_TOKEN, Stack
 from tests.e2e.metrics_text import sample
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -24,8 +24,9 @@ HEADERS = {"authorization": f"Bearer {API_KEY}"}
 
 
 def post(stack: Stack, timeout: float = 300, **body) -> httpx.Response:
-    return httpx.post(f"{stack.api_base}/images/generations", json={"size": "64x64", **body}, headers=HEADERS,
-                      timeout=timeout)
+    return httpx.post(
+        f"{stack.api_base}/images/generations", json={"size": "64x64", **body}, headers=HEADERS, timeout=timeout
+    )
 
 
 def settled(stack: Stack, timeout: float = 30.0) -> dict[str, float]:
@@ -36,7 +37,7 @@ def settled(stack: Stack, timeout: float = 30.0) -> dict[str, float]:
         return {
             "ar_requests": sample(stack.ar.url, "ardit_ar_requests_in_flight"),
             "ar_handoffs": sample(stack.ar.url, "ardit_handoffs_in_flight"),
-            "row_streams": engine.channel.open_streams,
+            "row_queues": engine.channel.open_queues,
             "engine_requests": engine.vllm.output_processor.get_num_unfinished_requests(),
             "dit_handoffs": sample(stack.dit.url, "ardit_dit_handoffs_in_flight"),
             "dit_runs": sample(stack.dit.url, "ardit_dit_pipeline_runs_in_flight"),
@@ -63,18 +64,12 @@ def test_client_disconnect_during_denoising_stops_the_dit(stack):
     assert not any(settled(stack).values())
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_dit_dying_mid_handoff_fails_fast_with_503(stack):
     port = free_port()
-    env = dict(os.environ, ARDIT_DIT_PORT=str(port), ARDIT_HANDOFF_TOKEN=HANDOFF_TOKEN, ARDIT_DIT_TORCH_THREADS="1",
-               ARDIT_DIT_DROP_PREFIX_TOKENS="34")
-    doomed = subprocess.Popen([sys.executable, "-m", "dit_service"], env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
+    env = dict(os.environ, ARDIT_DIT_PORT=str(port), ARDIT_HANDOFF_TOKEN=HANDOFF_TOKEN, ARDIT_DIT_TORCH_THREADS="1")
+    doomed = subprocess.Popen(
+        [sys.executable, "-m", "dit_service"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     generator = stack.runtime.generator
     healthy = generator.dit
     try:
@@ -87,7 +82,9 @@ def test_dit_dying_mid_handoff_fails_fast_with_503(stack):
                 pass
             assert time.monotonic() < deadline, "the second DiT did not start"
             time.sleep(0.2)
-        generator.dit = HandoffClient(f"http://127.0.0.1:{port}", HANDOFF_TOKEN, 5.0, 60.0)
+        generator.dit = HandoffClient(
+            httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60.0), HANDOFF_TOKEN
+        )
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             pending = pool.submit(post, stack, prompt="doomed", max_new_tokens=60, num_inference_steps=2)
             while sample(f"http://127.0.0.1:{port}", "ardit_dit_handoffs_in_flight") < 1:
@@ -109,11 +106,13 @@ def test_dit_dying_mid_handoff_fails_fast_with_503(stack):
 
 def test_eight_concurrent_requests_match_their_solo_images(stack):
     prompts = [(f"object number {i}", 100 + i) for i in range(8)]
-    solo = {seed: post(stack, prompt=p, seed=seed, num_inference_steps=2).json()["data"][0]["b64_json"]
-            for p, seed in prompts}
+    solo = {
+        seed: post(stack, prompt=p, seed=seed, num_inference_steps=2).json()["data"][0]["b64_json"]
+        for p, seed in prompts
+    }
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         together = list(pool.map(lambda ps: post(stack, prompt=ps[0], seed=ps[1], num_inference_steps=2), prompts))
-    for (_, seed), response in zip(prompts, together):
+    for (_, seed), response in zip(prompts, together, strict=True):
         assert response.status_code == 200
         assert response.json()["data"][0]["b64_json"] == solo[seed]
     assert not any(settled(stack).values())
@@ -122,8 +121,12 @@ def test_eight_concurrent_requests_match_their_solo_images(stack):
 def test_full_queue_is_429_with_retry_after(stack):
     capacity = stack.settings.max_concurrent_requests + stack.settings.max_queued_requests
     with concurrent.futures.ThreadPoolExecutor(capacity + 6) as pool:
-        responses = list(pool.map(lambda i: post(stack, prompt=f"crowd {i}", max_new_tokens=20, num_inference_steps=2),
-                                  range(capacity + 6)))
+        responses = list(
+            pool.map(
+                lambda i: post(stack, prompt=f"crowd {i}", max_new_tokens=20, num_inference_steps=2),
+                range(capacity + 6),
+            )
+        )
     statuses = [r.status_code for r in responses]
     assert statuses.count(429) >= 1 and set(statuses) <= {200, 429}
     refused = next(r for r in responses if r.status_code == 429)
@@ -134,7 +137,8 @@ def test_full_queue_is_429_with_retry_after(stack):
 def test_error_during_a_stream_arrives_as_an_sse_error_event(stack):
     generator = stack.runtime.generator
     healthy = generator.dit
-    generator.dit = HandoffClient(f"http://127.0.0.1:{free_port()}", HANDOFF_TOKEN, 2.0, 10.0)  # nobody listens
+    nobody = httpx.AsyncClient(base_url=f"http://127.0.0.1:{free_port()}", timeout=10.0)
+    generator.dit = HandoffClient(nobody, HANDOFF_TOKEN)
     try:
         response = post(stack, prompt="no dit", stream=True, partial_images=1, num_inference_steps=2)
     finally:

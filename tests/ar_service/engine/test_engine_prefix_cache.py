@@ -15,9 +15,9 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from ar_service.engine import HiddenStateEngine
+from ar_service.engine.hidden_state_engine import HiddenStateEngine
 from ar_service.settings import ArSettings
-from tests.ar_service.engine_runs import EngineRun, run_engine, token_prompt
+from tests.ar_service.engine.engine_runs import EngineRun, run_engine, token_prompt
 from tests.support.background_loop import BackgroundLoop
 
 pytestmark = pytest.mark.slow
@@ -37,7 +37,7 @@ def check_miss_then_hit(call, engine: HiddenStateEngine, prompt_len: int, seed: 
     assert miss.finished.cached_tokens == 0
     assert hit.finished.cached_tokens == expected_cached(prompt_len, block)
     for run in (miss, hit):
-        assert run.rows.shape[0] == run.finished.rows == prompt_len + 3 - 1
+        assert run.rows.shape[0] == run.finished.row_count == prompt_len + 3 - 1
         assert run.row_token_ids == run.finished.token_ids[:-1]
     cached = hit.finished.cached_tokens
     # Reconstructed rows are the very bytes the miss wrote into those blocks.
@@ -115,13 +115,16 @@ def test_warm_and_cold_together_get_their_own_counts_and_rows(stack):
 def test_abort_mid_decode_frees_everything(stack):
     runtime, call = stack.runtime, stack.ar.call
     engine = runtime.engine
-    from ar_service.engine import EngineRequest, RowsEvent
+    from ar_service.engine.hidden_state_engine import EngineRequest, RowsEvent
 
     async def abort_after_three_decode_rows() -> int:
-        request = EngineRequest(stream_id=f"test-abort:{uuid.uuid4().hex[:8]}", prompt_token_ids=token_prompt(40, 3),
-                                max_new_tokens=60)
+        request = EngineRequest(
+            engine_request_id=f"test-abort:{uuid.uuid4().hex[:8]}",
+            prompt_token_ids=token_prompt(40, 3),
+            max_new_tokens=60,
+        )
         seen = 0
-        stream = engine.stream(request)
+        stream = engine.run(request)
         async for event in stream:
             assert isinstance(event, RowsEvent)
             seen += 1
@@ -135,10 +138,10 @@ def test_abort_mid_decode_frees_everything(stack):
     async def settled() -> tuple[int, int]:
         for _ in range(100):
             unfinished = engine.vllm.output_processor.get_num_unfinished_requests()
-            if unfinished == 0 and engine.channel.open_streams == 0:
+            if unfinished == 0 and engine.channel.open_queues == 0:
                 break
             await asyncio.sleep(0.05)
-        return engine.vllm.output_processor.get_num_unfinished_requests(), engine.channel.open_streams
+        return engine.vllm.output_processor.get_num_unfinished_requests(), engine.channel.open_queues
 
     assert call(settled()) == (0, 0)
     # The engine keeps serving, and its blocks came back: a full-length request still fits.

@@ -3,15 +3,16 @@
 vLLM runs the model in a separate worker process (on CPU: API → EngineCore → worker). The
 ``HiddenStateConnector`` in the worker pushes each step's rows over ZMQ PUSH/PULL on an ``ipc://``
 socket (vLLM already depends on pyzmq); the AR service binds the PULL end before starting the
-engine and demultiplexes chunks to per-request ``RowStream`` queues by stream id.
+engine and demultiplexes chunks to one ``RowQueue`` per engine request, by its id.
 
 Nothing is dropped silently: ZMQ PUSH/PULL over ipc is reliable and ordered, the receiver thread
 drains the socket continuously, and a request whose consumer falls behind by more than its bound
-is failed with ``RowStreamOverflow`` (its caller aborts it) rather than losing rows. Chunks that
-arrive for a stream nobody holds any more (an aborted request's last step) are counted and freed.
+is failed with ``RowQueueOverflow`` (its caller aborts it) rather than losing rows. Chunks that
+arrive for a request nobody waits for any more (an aborted request's last step) are counted and freed.
 
 A message is two ZMQ frames: a msgpack header (``RowChunkHeader``) and the rows' raw bytes
-([count, hidden] C-contiguous in ``dtype``; empty for a bare ``final`` marker).
+([count, hidden] C-contiguous in ``dtype``; empty for a bare ``final`` marker). The engine's own
+final output says how many rows the request has; the channel only carries them.
 """
 
 from __future__ import annotations
@@ -32,14 +33,12 @@ log = logging.getLogger("ardit.ar.row_channel")
 
 @dataclass(frozen=True)
 class RowChunkHeader:
-    stream_id: str
+    engine_request_id: str
     start: int
     count: int
     dtype: str
     hidden: int
-    # Last chunk of the stream; ``total_rows`` is then the stream's row count.
-    final: bool = False
-    total_rows: int | None = None
+    final: bool = False  # the request's last chunk
 
 
 @dataclass(frozen=True)
@@ -47,10 +46,9 @@ class RowChunk:
     start: int
     rows: torch.Tensor  # [count, hidden]
     final: bool
-    total_rows: int | None
 
 
-class RowStreamOverflow(RuntimeError):
+class RowQueueOverflow(RuntimeError):
     """The consumer of a request's rows fell behind by more than its configured bound."""
 
 
@@ -58,21 +56,20 @@ class RowSender:
     """Worker side: push rows. Used from inside the vLLM worker process (the connector)."""
 
     def __init__(self, endpoint: str) -> None:
-        self._socket = zmq.Context.instance().socket(zmq.PUSH)
+        self._socket: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.PUSH)
         # An unreachable peer must not keep the worker alive at shutdown.
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.connect(endpoint)
 
-    def send(self, stream_id: str, start: int, rows: torch.Tensor, final: bool = False, total_rows: int | None = None) -> None:
+    def send(self, engine_request_id: str, start: int, rows: torch.Tensor, final: bool = False) -> None:
         rows = rows.contiguous()
         header = RowChunkHeader(
-            stream_id=stream_id,
+            engine_request_id=engine_request_id,
             start=start,
             count=rows.shape[0],
             dtype=wire_dtype(rows.dtype),
             hidden=rows.shape[1],
             final=final,
-            total_rows=total_rows,
         )
         payload = tensor_bytes(rows) if rows.numel() else b""
         # copy=False: ZMQ keeps a reference to the tensor's memory until it is sent.
@@ -82,11 +79,11 @@ class RowSender:
         self._socket.close(linger=0)
 
 
-class RowStream:
-    """One request's rows, in arrival order, as an async iterator of ``RowChunk``."""
+class RowQueue:
+    """One engine request's rows, in arrival order (``next``)."""
 
-    def __init__(self, stream_id: str, max_buffered_bytes: int, loop: asyncio.AbstractEventLoop) -> None:
-        self.stream_id = stream_id
+    def __init__(self, engine_request_id: str, max_buffered_bytes: int, loop: asyncio.AbstractEventLoop) -> None:
+        self.engine_request_id = engine_request_id
         self._max_buffered = max_buffered_bytes
         self._loop = loop
         self._queue: asyncio.Queue[RowChunk | BaseException] = asyncio.Queue()
@@ -94,16 +91,16 @@ class RowStream:
         self._lock = threading.Lock()
         self.failed = False
 
-    def _push(self, chunk: RowChunk) -> None:
-        """Receiver thread."""
+    def push(self, chunk: RowChunk) -> None:
+        """Called on the receiver thread."""
         with self._lock:
             if self.failed:
                 return
             self._buffered += chunk.rows.nbytes
             if self._buffered > self._max_buffered:
                 self.failed = True
-                error: RowChunk | BaseException = RowStreamOverflow(
-                    f"rows for {self.stream_id} buffered past {self._max_buffered} bytes: consumer too slow"
+                error: RowChunk | BaseException = RowQueueOverflow(
+                    f"rows for {self.engine_request_id} buffered past {self._max_buffered} bytes: consumer too slow"
                 )
             else:
                 error = chunk
@@ -124,7 +121,7 @@ class RowStream:
 
 
 class RowChannel:
-    """API side: bind the PULL socket, route chunks to open streams."""
+    """API side: bind the PULL socket, route chunks to the open row queues."""
 
     def __init__(self, endpoint: str) -> None:
         self.endpoint = endpoint
@@ -132,29 +129,29 @@ class RowChannel:
         self._socket = self._context.socket(zmq.PULL)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.bind(endpoint)
-        self._streams: dict[str, RowStream] = {}
+        self._queues: dict[str, RowQueue] = {}
         self._lock = threading.Lock()
         self.late_chunks = 0
         self.bytes_received = 0
         self._thread = threading.Thread(target=self._receive_loop, name="row-channel", daemon=True)
         self._thread.start()
 
-    def open_stream(self, stream_id: str, max_buffered_bytes: int) -> RowStream:
-        stream = RowStream(stream_id, max_buffered_bytes, asyncio.get_running_loop())
+    def open_queue(self, engine_request_id: str, max_buffered_bytes: int) -> RowQueue:
+        queue = RowQueue(engine_request_id, max_buffered_bytes, asyncio.get_running_loop())
         with self._lock:
-            if stream_id in self._streams:
-                raise ValueError(f"row stream {stream_id} is already open")
-            self._streams[stream_id] = stream
-        return stream
+            if engine_request_id in self._queues:
+                raise ValueError(f"a row queue for {engine_request_id} is already open")
+            self._queues[engine_request_id] = queue
+        return queue
 
-    def close_stream(self, stream_id: str) -> None:
+    def close_queue(self, engine_request_id: str) -> None:
         with self._lock:
-            self._streams.pop(stream_id, None)
+            self._queues.pop(engine_request_id, None)
 
     @property
-    def open_streams(self) -> int:
+    def open_queues(self) -> int:
         with self._lock:
-            return len(self._streams)
+            return len(self._queues)
 
     def close(self) -> None:
         # term() wakes the receiver thread, which owns the socket and closes it; closing the
@@ -169,15 +166,22 @@ class RowChannel:
             except (zmq.ContextTerminated, zmq.ZMQError):
                 self._socket.close(linger=0)
                 return
-            header = RowChunkHeader(**msgpack.unpackb(header_bytes.bytes))
-            with self._lock:
-                stream = self._streams.get(header.stream_id)
-            if stream is None:
-                self.late_chunks += 1
-                continue
-            self.bytes_received += len(payload)
-            rows = _rows_from_payload(header, payload)
-            stream._push(RowChunk(start=header.start, rows=rows, final=header.final, total_rows=header.total_rows))
+            try:
+                self._route(header_bytes, payload)
+            except Exception:
+                # One bad message or a consumer whose event loop is gone must not stop the channel:
+                # every other request's rows still flow (that consumer times out on its own).
+                log.exception("row chunk dropped")
+
+    def _route(self, header_bytes: zmq.Frame, payload: zmq.Frame) -> None:
+        header = RowChunkHeader(**msgpack.unpackb(header_bytes.bytes))
+        with self._lock:
+            queue = self._queues.get(header.engine_request_id)
+        if queue is None:
+            self.late_chunks += 1
+            return
+        self.bytes_received += len(payload)
+        queue.push(RowChunk(start=header.start, rows=_rows_from_payload(header, payload), final=header.final))
 
 
 def _rows_from_payload(header: RowChunkHeader, payload: zmq.Frame) -> torch.Tensor:

@@ -1,7 +1,7 @@
 import torch
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from ar_service.final_norm import FinalNorm
+from ar_service.engine.final_norm import FinalNorm
 
 
 def test_matches_transformers_rms_norm():

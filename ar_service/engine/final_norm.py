@@ -24,17 +24,17 @@ class FinalNorm:
         self.eps = eps
 
     @classmethod
-    def from_checkpoint(cls, model_dir: str | Path, eps: float | None = None) -> "FinalNorm":
+    def from_checkpoint(cls, model_dir: str | Path, eps: float | None = None) -> FinalNorm:
         model_dir = Path(model_dir)
         config = json.loads((model_dir / "config.json").read_text())
         eps = config.get("rms_norm_eps", 1e-6) if eps is None else eps
         for path in sorted(model_dir.glob("*.safetensors")):
             with safe_open(str(path), framework="pt") as f:
-                if NORM_WEIGHT_KEY in f.keys():
+                if NORM_WEIGHT_KEY in f.keys():  # noqa: SIM118 - safe_open is not a dict
                     return cls(f.get_tensor(NORM_WEIGHT_KEY), eps)
         raise FileNotFoundError(f"{NORM_WEIGHT_KEY} not found in {model_dir}/*.safetensors")
 
-    def to(self, device: torch.device | str) -> "FinalNorm":
+    def to(self, device: torch.device | str) -> FinalNorm:
         return FinalNorm(self.weight.to(device), self.eps)
 
     def __call__(self, rows: torch.Tensor) -> torch.Tensor:

@@ -20,21 +20,18 @@ It runs in two roles, in two processes that meet only through the per-step metad
   engine step does not block on the copy.
 
 Per-request options arrive in ``SamplingParams.extra_args["kv_transfer_params"]``:
-``{"ardit_stream_id": str}``. Requests without a stream id are ignored (plain generation).
+``{"ardit_row_queue": <engine request id>}`` names the ``RowQueue`` its rows go to. Requests
+without it are ignored (plain generation).
 """
 
 from __future__ import annotations
 
-import logging
 import queue
 import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
-
-from ar_service.final_norm import FinalNorm
-from ar_service.row_channel import RowSender
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
@@ -42,29 +39,28 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     SupportsHMA,
 )
 
+from ar_service.engine.final_norm import FinalNorm
+from ar_service.engine.row_channel import RowSender
+
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.request import Request
 
-log = logging.getLogger("ardit.ar.connector")
-
-STREAM_ID_KEY = "ardit_stream_id"
+ROW_QUEUE_KEY = "ardit_row_queue"
 # Returned to the AR service in RequestOutput.kv_transfer_params on the final output.
 ROW_COUNT_KEY = "ardit_rows"
-CACHE_ONLY_LAYER_PREFIX = "cache_only_layers"
 
 
 @dataclass
 class RowRead:
-    """Rows ``[start, start + len(slots))`` of one stream, at these cache slots."""
+    """Rows ``[start, start + len(slots))`` of one request, at these cache slots."""
 
-    stream_id: str
+    row_queue: str
     start: int
     slots: list[int]
     final: bool = False
-    total_rows: int | None = None
     req_id: str | None = None  # vLLM's id, for finished requests whose blocks we hold
 
 
@@ -76,18 +72,25 @@ class RowReadMetadata(KVConnectorMetadata):
 
 @dataclass
 class _Tracked:
-    request: "Request"
-    stream_id: str
+    request: Request
+    row_queue: str
     sent: int = 0  # rows [0, sent) have been shipped for reading
 
 
 class HiddenStateConnector(KVConnectorBase_V1, SupportsHMA):
-    def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole, kv_cache_config: "KVCacheConfig | None" = None):
+    def __init__(
+        self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig | None = None
+    ) -> None:
+        if kv_cache_config is None:
+            raise ValueError("HiddenStateConnector needs the KV cache config (vLLM passes it to both roles)")
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
-        extra = vllm_config.kv_transfer_config.kv_connector_extra_config or {}
+        transfer = vllm_config.kv_transfer_config
+        extra = (transfer.kv_connector_extra_config if transfer is not None else None) or {}
+        if "rows_endpoint" not in extra:
+            raise ValueError("HiddenStateConnector needs kv_connector_extra_config['rows_endpoint']")
         self._endpoint: str = extra["rows_endpoint"]
         self._apply_final_norm: bool = bool(extra.get("final_norm", True))
-        self._group, self._block_size = self._hidden_state_group(kv_cache_config)
+        self._group, self._block_size = _hidden_state_group(kv_cache_config)
         # scheduler side
         self._tracked: dict[str, _Tracked] = {}
         self._finishing: list[RowRead] = []
@@ -97,36 +100,27 @@ class HiddenStateConnector(KVConnectorBase_V1, SupportsHMA):
         self._sender: RowSender | None = None
         self._async_copy: _DeviceToHostSender | None = None
 
-    @staticmethod
-    def _hidden_state_group(kv_cache_config: "KVCacheConfig | None") -> tuple[int, int]:
-        # The cache-only layer shares the attention group for uniform models, but hybrid models
-        # give it its own group and block size: always take both from the group that holds it.
-        if kv_cache_config is None:
-            return 0, 0
-        for gid, group in enumerate(kv_cache_config.kv_cache_groups):
-            if any(name.startswith(CACHE_ONLY_LAYER_PREFIX) for name in group.layer_names):
-                return gid, group.kv_cache_spec.block_size
-        raise RuntimeError("HiddenStateConnector needs speculative_config method 'extract_hidden_states'")
-
     # ---- scheduler side ------------------------------------------------------------------
 
-    def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[int, bool]:
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int, bool]:
         return 0, False  # nothing is loaded from outside; prefix hits are vLLM's own
 
-    def update_state_after_alloc(self, request: "Request", blocks: Any, num_external_tokens: int) -> None:
-        stream_id = (request.kv_transfer_params or {}).get(STREAM_ID_KEY)
-        if stream_id is None:
+    def update_state_after_alloc(self, request: Request, blocks: Any, num_external_tokens: int) -> None:
+        row_queue = (request.kv_transfer_params or {}).get(ROW_QUEUE_KEY)
+        if row_queue is None:
             return
         tracked = self._tracked.get(request.request_id)
         if tracked is None:
-            self._tracked[request.request_id] = _Tracked(request, stream_id)
+            self._tracked[request.request_id] = _Tracked(request, row_queue)
         else:  # resumed after preemption: rows already sent stay sent
             tracked.request = request
 
-    def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         meta = RowReadMetadata(finishing=self._finishing)
         self._finishing = []
         block_state = scheduler_output.kv_connector_block_state
+        if block_state is None:
+            raise RuntimeError("vLLM gave the connector no block state for this step")
         for req_id, scheduled in scheduler_output.num_scheduled_tokens.items():
             tracked = self._tracked.get(req_id)
             if tracked is None:
@@ -137,13 +131,16 @@ class HiddenStateConnector(KVConnectorBase_V1, SupportsHMA):
             spec = len(scheduler_output.scheduled_spec_decode_tokens.get(req_id, ()))
             end = tracked.request.num_computed_tokens + scheduled - spec
             if end > tracked.sent:
-                blocks = block_state.get_block_ids(req_id)[self._group]
-                meta.reads.append(RowRead(tracked.stream_id, tracked.sent, self._slots(blocks, tracked.sent, end)))
+                block_ids = block_state.get_block_ids(req_id)
+                if block_ids is None:
+                    raise RuntimeError(f"no blocks for {req_id}")
+                blocks = block_ids[self._group]
+                meta.reads.append(RowRead(tracked.row_queue, tracked.sent, self._slots(blocks, tracked.sent, end)))
                 tracked.sent = end
         return meta
 
     def request_finished_all_groups(
-        self, request: "Request", block_ids: tuple[list[int], ...]
+        self, request: Request, block_ids: tuple[list[int], ...]
     ) -> tuple[bool, dict[str, Any] | None]:
         tracked = self._tracked.pop(request.request_id, None)
         if tracked is None:
@@ -152,13 +149,11 @@ class HiddenStateConnector(KVConnectorBase_V1, SupportsHMA):
         # can leave one in the cache, which is not part of the contract.
         end = max(tracked.sent, min(request.num_computed_tokens, request.num_tokens - 1))
         slots = self._slots(block_ids[self._group], tracked.sent, end) if block_ids[self._group] else []
-        self._finishing.append(
-            RowRead(tracked.stream_id, tracked.sent, slots, final=True, total_rows=end, req_id=request.request_id)
-        )
+        self._finishing.append(RowRead(tracked.row_queue, tracked.sent, slots, final=True, req_id=request.request_id))
         # Hold the blocks until the worker has read the last rows (it reports the id as sent).
         return True, {ROW_COUNT_KEY: end}
 
-    def request_finished(self, request: "Request", block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         return self.request_finished_all_groups(request, (block_ids,))
 
     def _slots(self, blocks: list[int], start: int, end: int) -> list[int]:
@@ -176,7 +171,10 @@ class HiddenStateConnector(KVConnectorBase_V1, SupportsHMA):
             raise RuntimeError(f"expected one cache-only hidden-state layer, found {layers}")
         # [num_blocks, num_captured_layers, block_size, hidden]; one captured layer here.
         self._kv = kv_caches[layers[0]]
-        self._block_size = self._kv.shape[2]
+        if self._kv.shape[2] != self._block_size:
+            raise RuntimeError(
+                f"hidden-state cache blocks hold {self._kv.shape[2]} tokens, its KV cache group says {self._block_size}"
+            )
         if self._apply_final_norm:
             self._norm = FinalNorm.from_checkpoint(self._vllm_config.model_config.model).to(self._kv.device)
         self._sender = RowSender(self._endpoint)
@@ -194,23 +192,32 @@ class HiddenStateConnector(KVConnectorBase_V1, SupportsHMA):
 
     def wait_for_save(self) -> None:
         # Runs after this step's draft write on both model runners: the rows are in the cache.
-        if self.has_connector_metadata():
-            for read in self._get_connector_metadata().reads:
-                self._push(read)
+        for read in self._metadata().reads:
+            self._push(read)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         # Only finished requests' rows are read here: on the V1 runner this hook runs before the
         # step's draft write, and finished requests are no longer written.
         done: set[str] = set()
-        if self.has_connector_metadata():
-            for read in self._get_connector_metadata().finishing:
-                self._push(read)
+        for read in self._metadata().finishing:
+            self._push(read)
+            if read.req_id is not None:
                 done.add(read.req_id)
         # Reporting them as sent lets the scheduler free the blocks we held.
         return (done or None), None
 
+    def _metadata(self) -> RowReadMetadata:
+        """This step's reads (none before the first step's metadata arrives)."""
+        if not self.has_connector_metadata():
+            return RowReadMetadata()
+        meta = self._get_connector_metadata()
+        if not isinstance(meta, RowReadMetadata):
+            raise TypeError(f"unexpected connector metadata {type(meta).__name__}")
+        return meta
+
     def _push(self, read: RowRead) -> None:
-        assert self._kv is not None and self._sender is not None
+        if self._kv is None or self._sender is None:
+            raise RuntimeError("rows to read before register_kv_caches")
         if read.slots:
             slots = torch.tensor(read.slots, dtype=torch.long, device=self._kv.device)
             rows = self._kv[slots // self._block_size, 0, slots % self._block_size]  # gathered copy
@@ -221,13 +228,13 @@ class HiddenStateConnector(KVConnectorBase_V1, SupportsHMA):
         if self._async_copy is not None:
             self._async_copy.submit(read, rows)
         else:
-            self._sender.send(read.stream_id, read.start, rows, read.final, read.total_rows)
+            self._sender.send(read.row_queue, read.start, rows, read.final)
 
     def get_finished_count(self) -> int | None:
         return 1  # the hidden-state layer is not sharded: one worker reports and sends
 
     @classmethod
-    def get_required_kvcache_layout(cls, vllm_config: "VllmConfig") -> str | None:
+    def get_required_kvcache_layout(cls, vllm_config: VllmConfig) -> str | None:
         return None  # with one captured layer every layout keeps a token's row contiguous
 
     def shutdown(self) -> None:
@@ -261,8 +268,30 @@ class _DeviceToHostSender:
         while (item := self._queue.get()) is not None:
             read, host, event = item
             event.synchronize()
-            self._sender.send(read.stream_id, read.start, host, read.final, read.total_rows)
+            self._sender.send(read.row_queue, read.start, host, read.final)
 
     def close(self) -> None:
         self._queue.put(None)
         self._thread.join(timeout=5)
+
+
+def _hidden_state_group(kv_cache_config: KVCacheConfig) -> tuple[int, int]:
+    """Index and block size of the KV cache group that holds the hidden-state cache layer.
+
+    Found by its spec type (``HiddenStateCacheSpec``), not by layer name. Hybrid models give the
+    cache-only layer a group of its own. Uniform models have one group shared with attention: the
+    worker sees it as a ``UniformTypeKVCacheSpecs`` holding the hidden-state spec, the scheduler as
+    one arbitrary layer's spec (vLLM's ``generate_scheduler_kv_cache_config``), so a lone group is
+    the one.
+    """
+    from vllm.v1.kv_cache_interface import HiddenStateCacheSpec, UniformTypeKVCacheSpecs
+
+    groups = kv_cache_config.kv_cache_groups
+    for index, group in enumerate(groups):
+        spec = group.kv_cache_spec
+        specs = spec.kv_cache_specs.values() if isinstance(spec, UniformTypeKVCacheSpecs) else [spec]
+        if any(isinstance(s, HiddenStateCacheSpec) for s in specs):
+            return index, spec.block_size
+    if len(groups) == 1:
+        return 0, groups[0].kv_cache_spec.block_size
+    raise ValueError("HiddenStateConnector needs speculative_config method 'extract_hidden_states'")

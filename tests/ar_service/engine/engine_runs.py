@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ar_service.engine import EngineRequest, FinishedEvent, HiddenStateEngine, RowsEvent
+from ar_service.engine.hidden_state_engine import EngineRequest, FinishedEvent, HiddenStateEngine, RowsEvent
 
 
 @dataclass
@@ -22,14 +22,14 @@ async def run_engine(
     engine: HiddenStateEngine, prompt_ids: list[int], max_new_tokens: int = 1, cache_salt: str | None = None
 ) -> EngineRun:
     request = EngineRequest(
-        stream_id=f"test:{uuid.uuid4().hex[:12]}",
+        engine_request_id=f"test:{uuid.uuid4().hex[:12]}",
         prompt_token_ids=prompt_ids,
         max_new_tokens=max_new_tokens,
         cache_salt=cache_salt,
     )
     events: list[RowsEvent] = []
     finished = None
-    async for event in engine.stream(request):
+    async for event in engine.run(request):
         if isinstance(event, RowsEvent):
             events.append(event)
         else:

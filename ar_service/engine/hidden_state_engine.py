@@ -1,12 +1,12 @@
 """The AR engine: vLLM ``AsyncLLM`` in process, with hidden-state capture, as a stream of events.
 
-``HiddenStateEngine.stream(request)`` yields ``RowsEvent`` as rows become available — all prompt
+``HiddenStateEngine.run(request)`` yields ``RowsEvent`` as rows become available — all prompt
 rows right after prefill (cached rows included: they are read back from prefix-cached blocks),
 then the rows of each decode step — and ends with one ``FinishedEvent`` carrying the token ids
 and vLLM's cache counts. Rows are tagged with the token id of each row, so a generated row is
 held until the token it belongs to has come out of the engine.
 
-Row count = prompt + generated − 1: the last sampled token is never fed back, so it has no row.
+Row count = prompt + generated - 1: the last sampled token is never fed back, so it has no row.
 """
 
 from __future__ import annotations
@@ -16,22 +16,26 @@ import json
 import logging
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
-from ar_service.hidden_state_connector import ROW_COUNT_KEY, STREAM_ID_KEY, HiddenStateConnector
-from ar_service.row_channel import RowChannel, RowStream
+from ar_service.engine.connector import ROW_COUNT_KEY, ROW_QUEUE_KEY, HiddenStateConnector
+from ar_service.engine.row_channel import RowChannel, RowChunk, RowQueue
 from ar_service.settings import ArSettings
+
+if TYPE_CHECKING:
+    from vllm.v1.engine.async_llm import AsyncLLM
 
 log = logging.getLogger("ardit.ar.engine")
 
 
 @dataclass(frozen=True)
 class EngineRequest:
-    stream_id: str  # unique per engine request; the row channel routes by it
+    engine_request_id: str  # unique per engine request: vLLM's request id, and its row queue's
     prompt_token_ids: list[int]
     max_new_tokens: int = 1
     temperature: float = 0.0
@@ -51,10 +55,9 @@ class FinishedEvent:
     token_ids: list[int]  # prompt + generated
     prompt_tokens: int
     generated_token_ids: list[int]
-    rows: int
+    row_count: int
     cached_tokens: int
     cache_creation_tokens: int
-    finish_reason: str | None
     submitted_at: float  # perf_counter at submission
     first_token_at: float  # perf_counter when the first generated token came out
     finished_at: float
@@ -73,7 +76,7 @@ class ModelShape:
     num_hidden_layers: int
 
     @classmethod
-    def read(cls, model_dir: Path) -> "ModelShape":
+    def read(cls, model_dir: Path) -> ModelShape:
         config = json.loads((model_dir / "config.json").read_text())
         text = config.get("text_config", config)  # multimodal checkpoints nest the LLM config
         return cls(hidden_size=text["hidden_size"], num_hidden_layers=text["num_hidden_layers"])
@@ -85,24 +88,25 @@ class HiddenStateEngine:
         self.shape = ModelShape.read(settings.model_dir)
         self.layer = settings.hidden_layer if settings.hidden_layer is not None else self.shape.num_hidden_layers
         self.dtype = getattr(torch, settings.dtype)
-        self._engine = None
+        self._engine: AsyncLLM | None = None
         self._channel: RowChannel | None = None
-        self._socket_dir: tempfile.TemporaryDirectory | None = None
+        self._socket_dir: tempfile.TemporaryDirectory[str] | None = None
 
     @property
     def block_size(self) -> int:
-        return self._engine.vllm_config.cache_config.block_size
+        return int(self._running().vllm_config.cache_config.block_size)
 
     @property
     def channel(self) -> RowChannel | None:
         return self._channel
 
     @property
-    def vllm(self):
+    def vllm(self) -> AsyncLLM:
         """The underlying AsyncLLM (for counters tests and benchmarks read)."""
-        return self._engine
+        return self._running()
 
     def start(self) -> None:
+        from vllm.config import CompilationConfig, CompilationMode
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -136,7 +140,9 @@ class HiddenStateEngine:
             max_model_len=s.max_model_len,
             max_num_seqs=s.max_num_seqs,
             max_num_batched_tokens=s.max_num_batched_tokens,
-            compilation_config={"mode": 3 if s.compile else 0},
+            compilation_config=CompilationConfig(
+                mode=CompilationMode.VLLM_COMPILE if s.compile else CompilationMode.NONE
+            ),
             # Capture reads rows in the scheduler step that computed them; async scheduling
             # would make num_computed_tokens run ahead of what is written.
             async_scheduling=False,
@@ -147,8 +153,13 @@ class HiddenStateEngine:
         self._engine = AsyncLLM.from_engine_args(args)
         log.info(
             "engine up in %.1fs: %s, block size %d, prefix caching %s, capture %s (layer %d, final norm %s)",
-            time.perf_counter() - started, s.model_dir.name, self.block_size, s.enable_prefix_caching,
-            s.capture_hidden_states, self.layer, s.final_norm,
+            time.perf_counter() - started,
+            s.model_dir.name,
+            self.block_size,
+            s.enable_prefix_caching,
+            s.capture_hidden_states,
+            self.layer,
+            s.final_norm,
         )
 
     def shutdown(self) -> None:
@@ -162,46 +173,52 @@ class HiddenStateEngine:
             self._socket_dir.cleanup()
 
     async def reset_prefix_cache(self) -> bool:
-        return bool(await self._engine.reset_prefix_cache())
+        return bool(await self._running().reset_prefix_cache())
 
-    async def stream(self, request: EngineRequest) -> AsyncIterator[EngineEvent]:
+    def _running(self) -> AsyncLLM:
+        if self._engine is None:
+            raise EngineUnavailable("the AR engine is not running")
+        return self._engine
+
+    async def run(self, request: EngineRequest) -> AsyncGenerator[EngineEvent, None]:
+        """The request's rows as they become final, then its ``FinishedEvent``; aborted if left early."""
         if self._engine is None:
             raise EngineUnavailable("the AR engine is not running")
         rows = (
-            self._channel.open_stream(request.stream_id, self.settings.row_buffer_bytes)
+            self._channel.open_queue(request.engine_request_id, self.settings.row_buffer_bytes)
             if self._channel is not None
             else None
         )
         run = _EngineRun(self._engine, request, capture=rows is not None)
-        task = asyncio.create_task(run.consume(), name=f"engine-{request.stream_id}")
+        task = asyncio.create_task(run.consume(), name=f"engine-{request.engine_request_id}")
         try:
             async for event in self._merge(run, task, rows, request):
                 yield event
         finally:
             if not task.done():
                 task.cancel()
-                await self._engine.abort(request.stream_id)
+                await self._engine.abort(request.engine_request_id)
             await asyncio.gather(task, return_exceptions=True)
-            if rows is not None:
-                self._channel.close_stream(request.stream_id)
+            if self._channel is not None:
+                self._channel.close_queue(request.engine_request_id)
 
     async def _merge(
-        self, run: "_EngineRun", task: asyncio.Task, rows: RowStream | None, request: EngineRequest
-    ) -> AsyncIterator[EngineEvent]:
+        self, run: _EngineRun, task: asyncio.Task[None], rows: RowQueue | None, request: EngineRequest
+    ) -> AsyncGenerator[EngineEvent, None]:
         prompt = request.prompt_token_ids
         received = 0
         final_seen = rows is None
-        while not final_seen:
+        while rows is not None and not final_seen:
             chunk = await self._next_rows(rows, task)
             if chunk.start != received:
-                raise RuntimeError(f"{request.stream_id}: rows out of order ({chunk.start} != {received})")
+                raise RuntimeError(f"{request.engine_request_id}: rows out of order ({chunk.start} != {received})")
             end = chunk.start + chunk.rows.shape[0]
             # A generated row needs its token id, which comes from the output channel.
             while len(prompt) + len(run.generated) < end and not task.done():
                 await run.wait_for_tokens()
             if len(prompt) + len(run.generated) < end:
                 await task  # raises if the engine failed
-                raise RuntimeError(f"{request.stream_id}: rows past the known tokens ({end})")
+                raise RuntimeError(f"{request.engine_request_id}: rows past the known tokens ({end})")
             if chunk.rows.shape[0]:
                 ids = (prompt + run.generated)[chunk.start : end]
                 yield RowsEvent(start=chunk.start, rows=chunk.rows, token_ids=ids)
@@ -210,30 +227,30 @@ class HiddenStateEngine:
         await task
         final = run.final
         if final is None:
-            raise RuntimeError(f"{request.stream_id}: engine finished without a final output")
+            raise RuntimeError(f"{request.engine_request_id}: engine finished without a final output")
         expected = (final.kv_transfer_params or {}).get(ROW_COUNT_KEY) if rows is not None else None
         if expected is not None and expected != received:
-            raise RuntimeError(f"{request.stream_id}: {received} rows received, engine reports {expected}")
+            raise RuntimeError(f"{request.engine_request_id}: {received} rows received, engine reports {expected}")
         yield FinishedEvent(
             token_ids=prompt + run.generated,
             prompt_tokens=len(prompt),
             generated_token_ids=list(run.generated),
-            rows=received,
+            row_count=received,
             cached_tokens=final.num_cached_tokens or 0,
             cache_creation_tokens=final.num_cache_creation_tokens or 0,
-            finish_reason=final.outputs[0].finish_reason if final.outputs else None,
             submitted_at=run.submitted_at,
             first_token_at=run.first_token_at or run.finished_at,
             finished_at=run.finished_at,
         )
 
-    async def _next_rows(self, rows: RowStream, task: asyncio.Task):
+    async def _next_rows(self, rows: RowQueue, task: asyncio.Task[None]) -> RowChunk:
         """The next row chunk; fails fast if the engine request fails meanwhile."""
         getter = asyncio.ensure_future(rows.next(self.settings.row_timeout_seconds))
         try:
             while True:
-                if task.done() and task.exception() is not None:
-                    raise task.exception()
+                failure = task.exception() if task.done() else None
+                if failure is not None:
+                    raise failure
                 waiting = {getter} if task.done() else {getter, task}
                 done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
                 if getter in done:
@@ -256,7 +273,7 @@ class _EngineRun:
             temperature=request.temperature,
             seed=request.seed,
             output_kind=RequestOutputKind.DELTA,
-            extra_args={"kv_transfer_params": {STREAM_ID_KEY: request.stream_id}} if capture else None,
+            extra_args={"kv_transfer_params": {ROW_QUEUE_KEY: request.engine_request_id}} if capture else None,
         )
         self.generated: list[int] = []
         self.final = None
@@ -271,7 +288,7 @@ class _EngineRun:
             prompt["cache_salt"] = self.request.cache_salt
         self.submitted_at = time.perf_counter()
         try:
-            async for output in self._engine.generate(prompt, self.params, request_id=self.request.stream_id):
+            async for output in self._engine.generate(prompt, self.params, request_id=self.request.engine_request_id):
                 new = output.outputs[0].token_ids if output.outputs else []
                 if new and self.first_token_at is None:
                     self.first_token_at = time.perf_counter()

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from tests.ar_service.engine_runs import run_engine
+from tests.ar_service.engine.engine_runs import run_engine
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +29,7 @@ def test_rows_match_transformers_and_tokens_match_greedy(stack, hf_model, text):
     sequence = run.finished.token_ids
     assert len(sequence) == len(prompt) + 6
     # The last sampled token is never an input: one row per token but the last.
-    assert run.finished.rows == len(sequence) - 1 == run.rows.shape[0]
+    assert run.finished.row_count == len(sequence) - 1 == run.rows.shape[0]
     assert run.row_token_ids == sequence[:-1]
 
     with torch.no_grad():

@@ -1,0 +1,139 @@
+"""The public API's models: OpenAI's Images API shapes plus ardit's documented extensions.
+
+Request fields follow OpenAI's ``ImageGenerateParams``; ardit's extras (``seed``,
+``num_inference_steps``, ``guidance_scale``, ``negative_prompt``, ``max_new_tokens``,
+``cache_salt``) come in the same body, as the official client's ``extra_body`` sends them. Types
+are strict (``"stream": "yes"`` is an error, not ``True``) and unknown fields are refused, as
+OpenAI does. Responses are typed models, serialised without ``None`` fields.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+Quality = Literal["auto", "low", "medium", "high", "xhigh", "max", "standard", "hd"]
+OutputFormat = Literal["png", "jpeg", "webp"]
+# Digits only, at most 5 a side: no int() of a 4,300-digit or non-ASCII "digit" string.
+_SIZE = re.compile(r"[0-9]{1,5}x[0-9]{1,5}")
+# OpenAI's quality values that are echoed back; the rest ("auto", "standard", "hd") are not.
+_ECHOED_QUALITY = ("low", "medium", "high", "xhigh", "max")
+
+
+class ImageGenerationRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    prompt: Annotated[str, Field(min_length=1, max_length=32000)]
+    model: str | None = None
+    n: Annotated[int, Field(ge=1, le=10)] = 1
+    size: str = "auto"
+    quality: Quality = "auto"
+    response_format: Literal["b64_json", "url"] = "b64_json"
+    output_format: OutputFormat = "png"
+    output_compression: Annotated[int, Field(ge=0, le=100)] | None = None
+    background: Literal["auto", "opaque", "transparent"] = "auto"
+    moderation: Literal["auto", "low"] | None = None
+    style: Literal["vivid", "natural"] | None = None
+    user: Annotated[str, Field(max_length=256)] | None = None
+    stream: bool = False
+    partial_images: Annotated[int, Field(ge=0, le=3)] = 0
+    # ardit extensions
+    seed: Annotated[int, Field(ge=0, le=2**63 - 1)] | None = None
+    num_inference_steps: Annotated[int, Field(ge=1)] | None = None
+    guidance_scale: Annotated[float, Field(ge=0.0)] | None = None
+    negative_prompt: Annotated[str, Field(max_length=32000)] | None = None
+    max_new_tokens: Annotated[int, Field(ge=1)] | None = None
+    cache_salt: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+
+    @field_validator("size")
+    @classmethod
+    def _size_shape(cls, value: str) -> str:
+        if value != "auto" and not _SIZE.fullmatch(value):
+            raise ValueError("size must be 'auto' or WIDTHxHEIGHT, e.g. 256x256")
+        return value
+
+    @property
+    def echoed_quality(self) -> str | None:
+        """``quality`` as the response reports it (None where OpenAI reports none)."""
+        return self.quality if self.quality in _ECHOED_QUALITY else None
+
+
+class _Response(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class InputTokensDetails(_Response):
+    text_tokens: int
+    image_tokens: int = 0
+    # Where OpenAI/vLLM clients look for prefix-cache hits.
+    cached_tokens: int
+
+
+class OutputTokensDetails(_Response):
+    text_tokens: int
+    image_tokens: int = 0
+
+
+class Usage(_Response):
+    input_tokens: int
+    input_tokens_details: InputTokensDetails
+    output_tokens: int
+    output_tokens_details: OutputTokensDetails
+    total_tokens: int
+    # ardit extensions: vLLM's prefix-cache counts for this request (all streams).
+    cached_tokens: int
+    cache_creation_tokens: int
+
+
+class ImageData(_Response):
+    b64_json: str | None = None
+    url: str | None = None
+    revised_prompt: str | None = None
+
+
+class ImagesResponse(_Response):
+    created: int
+    data: list[ImageData]
+    background: Literal["opaque"] = "opaque"
+    output_format: OutputFormat
+    size: str
+    quality: str | None = None
+    usage: Usage
+
+
+class PartialImageEvent(_Response):
+    type: Literal["image_generation.partial_image"] = "image_generation.partial_image"
+    b64_json: str
+    created_at: int
+    partial_image_index: int
+    background: Literal["opaque"] = "opaque"
+    output_format: OutputFormat
+    quality: str
+    size: str
+
+
+class CompletedEvent(_Response):
+    type: Literal["image_generation.completed"] = "image_generation.completed"
+    b64_json: str
+    created_at: int
+    background: Literal["opaque"] = "opaque"
+    output_format: OutputFormat
+    quality: str
+    size: str
+    usage: Usage
+
+
+class ModelCard(_Response):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = 0
+    owned_by: str = "ardit"
+    # ardit extension: what the image model is (announced by the DiT).
+    description: str | None = None
+
+
+class ModelList(_Response):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
