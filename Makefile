@@ -10,7 +10,7 @@ SMOLLM2_DIR := $(ARDIT_CACHE_DIR)/models/smollm2-135m-instruct
 DIT_DIR := $(ARDIT_CACHE_DIR)/models/qwen-image-tiny
 PYTEST_ARGS ?=
 
-.PHONY: setup checkpoints run test test-fast prometheus bench clean
+.PHONY: setup checkpoints run test test-fast lint prometheus bench clean
 
 setup: $(STAMP)
 
@@ -39,6 +39,12 @@ run: checkpoints
 
 test: checkpoints prometheus
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# ruff (lint + format) and mypy, as configured in pyproject.toml; CI runs it before the tests.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 # Unit and contract tests only (no engine, no pipeline): seconds.
 test-fast: $(STAMP)
