@@ -50,6 +50,11 @@ class ArSettings(BaseSettings):
     hidden_layer: int | None = Field(None, description="Decoder layer whose output is captured (None: the last).")
     final_norm: bool = Field(True, description="Apply the model's final norm to captured rows (post-norm states).")
     seed: int = Field(0, description="Engine seed.")
+    kv_events_publisher: Literal["off", "zmq"] = Field(
+        "off", description="Publish vLLM's KV-cache events (BlockStored/BlockRemoved) for prefix-aware routers."
+    )
+    kv_events_endpoint: str = Field("tcp://*:5557", description="ZMQ PUB endpoint of the KV-cache events.")
+    kv_events_topic: str = Field("", description="ZMQ topic of the KV-cache events (llm-d: kv@<pod ip>@<model>).")
 
     # --- prompts ---------------------------------------------------------------------------------
     prompt_template: str = Field(QWEN_IMAGE_TEMPLATE, description="Python format string with one {} for the prompt.")

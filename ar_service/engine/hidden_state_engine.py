@@ -106,7 +106,7 @@ class HiddenStateEngine:
         return self._running()
 
     def start(self) -> None:
-        from vllm.config import CompilationConfig, CompilationMode
+        from vllm.config import CompilationConfig, CompilationMode, KVEventsConfig
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -147,6 +147,11 @@ class HiddenStateEngine:
             # would make num_computed_tokens run ahead of what is written.
             async_scheduling=False,
             disable_log_stats=False,
+            kv_events_config=KVEventsConfig(
+                enable_kv_cache_events=True, publisher="zmq", endpoint=s.kv_events_endpoint, topic=s.kv_events_topic
+            )
+            if s.kv_events_publisher == "zmq"
+            else None,
             **extra,
         )
         started = time.perf_counter()
