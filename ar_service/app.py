@@ -17,6 +17,7 @@ import httpx
 import torch
 from fastapi import FastAPI, Request
 from prometheus_client import CollectorRegistry
+from starlette.types import ASGIApp
 
 from ar_service import __version__
 from ar_service.admission import RequestAdmission
@@ -34,7 +35,9 @@ from ar_service.settings import ArSettings
 from services.app import create_app
 from services.auth import BearerAuth
 from services.errors import ApiError
+from services.fatal import Fatal
 from services.metrics import new_registry
+from services.request_gate import RequestGate
 
 log = logging.getLogger("ardit.ar.app")
 
@@ -51,18 +54,28 @@ class ArRuntime:
     metrics: ArMetrics
 
 
-def create_ar_app(settings: ArSettings, registry: CollectorRegistry | None = None) -> FastAPI:
+# How often a running engine is checked for death; readiness turns 503 within this.
+ENGINE_CHECK_SECONDS = 0.2
+
+
+def create_ar_app(
+    settings: ArSettings, registry: CollectorRegistry | None = None, fatal: Fatal | None = None
+) -> FastAPI:
     registry = registry if registry is not None else new_registry()
+    fatal = fatal if fatal is not None else Fatal()
     metrics = ArMetrics(registry)
     engine = HiddenStateEngine(settings)
     prompts = PromptBuilder.from_model_dir(settings.model_dir, settings.prompt_template)
+    # Reads and writes time out after the stall timeout: the DiT sends progress every denoising
+    # step (and while queued), so silence that long means it froze.
     dit_http = httpx.AsyncClient(
         base_url=settings.dit_url,
-        timeout=httpx.Timeout(settings.dit_timeout_seconds, connect=settings.dit_connect_timeout_seconds),
+        timeout=httpx.Timeout(settings.dit_stall_timeout_seconds, connect=settings.dit_connect_timeout_seconds),
         limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
     )
     token = settings.handoff_token.get_secret_value() if settings.handoff_token else None
-    generator = ImageGenerator(settings, engine, prompts, HandoffClient(dit_http, token), metrics)
+    dit = HandoffClient(dit_http, token, settings.dit_timeout_seconds)
+    generator = ImageGenerator(settings, engine, prompts, dit, metrics)
     readiness = ArReadiness(DitPeer(dit_http, hidden_size=engine.shape.hidden_size, conditioning=settings.conditioning))
     runtime = ArRuntime(settings, engine, prompts, generator, readiness, metrics)
     metrics.build_info.info(
@@ -76,7 +89,12 @@ def create_ar_app(settings: ArSettings, registry: CollectorRegistry | None = Non
         }
     )
 
-    async def start_engine() -> None:
+    def engine_failed(reason: str) -> None:
+        readiness.engine_error = reason
+        fatal.trigger(f"AR engine: {reason}")
+
+    async def run_engine() -> None:
+        """Start and warm the engine, then watch it: an engine that fails or dies is fatal."""
         try:
             await asyncio.to_thread(engine.start)
             # One tiny request runs the whole capture path once before traffic does.
@@ -85,15 +103,19 @@ def create_ar_app(settings: ArSettings, registry: CollectorRegistry | None = Non
             )
             async for _ in engine.run(warm):
                 pass
-            readiness.engine_ready = True
-            log.info("AR engine ready (block size %d)", engine.block_size)
-        except Exception as exc:  # readiness reports it; the process stays up for /healthz
-            readiness.engine_error = f"{type(exc).__name__}: {exc}"
+        except Exception as exc:
             log.exception("AR engine failed to start")
+            engine_failed(f"failed to start ({type(exc).__name__}: {exc})")
+            return
+        readiness.engine_ready = True
+        log.info("AR engine ready (block size %d)", engine.block_size)
+        while not engine.dead:
+            await asyncio.sleep(ENGINE_CHECK_SECONDS)
+        engine_failed("the engine died")
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        starting = asyncio.create_task(start_engine())
+        starting = asyncio.create_task(run_engine())
         try:
             yield
         finally:
@@ -103,16 +125,28 @@ def create_ar_app(settings: ArSettings, registry: CollectorRegistry | None = Non
             await dit_http.aclose()
             await asyncio.to_thread(engine.shutdown)
 
-    app = create_app("ardit AR service", lifespan=lifespan, readiness=readiness.probe, registry=registry)
-    app.state.runtime = runtime
-    admission = RequestAdmission(settings.max_concurrent_requests, settings.max_queued_requests, metrics)
-    serving = ImageServing(
-        settings, generator, ImageStore(settings.image_store_size, settings.image_ttl_seconds), metrics, readiness
-    )
     api_keys = BearerAuth(
         settings.api_keys, what="API key", missing_code="missing_api_key", invalid_code="invalid_api_key"
     )
-    app.include_router(build_router(serving, admission, api_keys))
+
+    def gate(inner: ASGIApp) -> ASGIApp:
+        return RequestGate(
+            inner,
+            auth=api_keys,
+            max_body_bytes=settings.max_request_body_bytes,
+            body_timeout=settings.request_body_timeout_seconds,
+            open_paths=("/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/redoc"),
+            own_auth_prefixes=("/admin/",),
+        )
+
+    app = create_app("ardit AR service", lifespan=lifespan, readiness=readiness.probe, registry=registry, gate=gate)
+    app.state.fatal = fatal
+    app.state.runtime = runtime
+    admission = RequestAdmission(settings.max_queued_requests, settings.max_queue_wait_seconds, metrics)
+    serving = ImageServing(
+        settings, generator, ImageStore(settings.image_store_size, settings.image_ttl_seconds), metrics, readiness
+    )
+    app.include_router(build_router(serving, admission))
 
     admin = BearerAuth(
         [settings.admin_token.get_secret_value()] if settings.admin_token else [],

@@ -45,6 +45,10 @@ class DitPeer:
             self._checked_at = now
         return self._state
 
+    def forget(self) -> None:
+        """A request just found the DiT unavailable: probe again before the next one trusts it."""
+        self._checked_at = float("-inf")
+
     async def _probe(self) -> PeerState:
         try:
             response = await self._client.get("/readyz", timeout=2.0)

@@ -11,6 +11,7 @@ Failures are typed by what they mean for the public API (the mapping to statuses
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import cast
@@ -47,10 +48,14 @@ class DitUnavailable(HandoffFailed):
         self.retry_after = retry_after
 
 
-class DitBusy(DitUnavailable):
+class DitBusy(HandoffFailed):
     """The DiT is healthy but has no room for this handoff now (it answered 429)."""
 
     reason = "dit_busy"
+
+    def __init__(self, message: str, retry_after: str | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class DitRejected(HandoffFailed):
@@ -72,10 +77,12 @@ class RenderResult:
 
 
 class HandoffClient:
-    def __init__(self, client: httpx.AsyncClient, token: str | None) -> None:
-        """``client`` carries the DiT's base URL and timeouts; the caller owns its lifetime."""
+    def __init__(self, client: httpx.AsyncClient, token: str | None, deadline_seconds: float) -> None:
+        """``client`` carries the DiT's base URL and per-read/write (stall) timeouts; the caller owns
+        its lifetime. ``deadline_seconds`` bounds a whole exchange, however steadily bytes flow."""
         self._client = client
         self._token = token
+        self._deadline = deadline_seconds
 
     async def render(
         self, request_id: str, body: HandoffBody, on_partial_image: PartialImageSink | None = None
@@ -83,6 +90,15 @@ class HandoffClient:
         headers = {"content-type": HANDOFF_MEDIA_TYPE, "x-request-id": request_id}
         if self._token:
             headers["authorization"] = f"Bearer {self._token}"
+        try:
+            async with asyncio.timeout(self._deadline):
+                return await self._exchange(headers, body, on_partial_image)
+        except TimeoutError:
+            raise DitUnavailable(f"the DiT did not finish within {self._deadline:g} s") from None
+
+    async def _exchange(
+        self, headers: dict[str, str], body: HandoffBody, on_partial_image: PartialImageSink | None
+    ) -> RenderResult:
         images: list[ImageFrame] = []
         done: DoneFrame | None = None
         try:

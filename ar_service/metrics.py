@@ -30,6 +30,12 @@ class ArMetrics:
         self.requests = Counter("ardit_ar_requests", "Image requests by final status.", ["status"], registry=registry)
         self.requests_in_flight = Gauge("ardit_ar_requests_in_flight", "Requests being served.", registry=registry)
         self.requests_queued = Gauge("ardit_ar_requests_queued", "Requests waiting for a slot.", registry=registry)
+        self.queue_wait_seconds = Histogram(
+            "ardit_ar_queue_wait_seconds",
+            "Time a request waited for room at the DiT.",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
         self.prompt_tokens = Counter("ardit_ar_prompt_tokens", "Prompt tokens (all streams).", registry=registry)
         self.generated_tokens = Counter("ardit_ar_generated_tokens", "Generated tokens.", registry=registry)
         self.cached_tokens = Counter(

@@ -84,16 +84,37 @@ class ArSettings(BaseSettings):
         validation_alias="ARDIT_HANDOFF_TOKEN",
         description="Bearer token shared with the DiT (env ARDIT_HANDOFF_TOKEN).",
     )
-    dit_timeout_seconds: Annotated[float, Field(gt=0)] = Field(600.0, description="Longest DiT render.")
+    dit_timeout_seconds: Annotated[float, Field(gt=0)] = Field(
+        600.0, description="Longest whole handoff exchange with the DiT (rows out, images back)."
+    )
+    dit_stall_timeout_seconds: Annotated[float, Field(gt=0)] = Field(
+        15.0,
+        description="Longest silence from the DiT mid-exchange (it sends progress meanwhile): a frozen DiT fails fast.",
+    )
     dit_connect_timeout_seconds: Annotated[float, Field(gt=0)] = Field(5.0, description="DiT connect timeout.")
 
     # --- public API ------------------------------------------------------------------------------
     host: str = Field("127.0.0.1", description="Bind address.")
     port: Annotated[int, Field(ge=0, le=65535)] = Field(8000, description="Bind port.")
     api_keys: list[str] = Field(default_factory=list, description="Accepted bearer keys (JSON list); empty: no auth.")
-    admin_token: SecretStr | None = Field(None, description="Enables /admin/* (prefix cache reset) with this bearer.")
-    max_concurrent_requests: Annotated[int, Field(ge=1)] = Field(8, description="Requests in flight at once.")
-    max_queued_requests: Annotated[int, Field(ge=0)] = Field(32, description="Requests waiting; beyond: 429.")
+    admin_token: SecretStr | None = Field(
+        None, description="Enables /admin/* (prefix cache reset) with this bearer; unset or empty: no /admin/*."
+    )
+    max_request_body_bytes: Annotated[int, Field(gt=0)] = Field(
+        1 << 20, description="Largest request body; larger is a 413 before it is parsed."
+    )
+    request_body_timeout_seconds: Annotated[float, Field(gt=0)] = Field(
+        10.0, description="A request body must arrive within this, or the answer is 408."
+    )
+    max_queued_requests: Annotated[int, Field(ge=0)] = Field(
+        256, description="Requests waiting for room at the DiT (in flight: what the DiT announces); beyond: 429."
+    )
+    max_queue_wait_seconds: Annotated[float, Field(gt=0)] = Field(
+        120.0, description="Longest wait in the queue; a request that would wait longer is refused at once (429)."
+    )
+    sse_keepalive_seconds: Annotated[float, Field(gt=0)] = Field(
+        10.0, description="Keep-alive comment interval on event streams, so proxies do not cut a silent render."
+    )
     image_store_size: Annotated[int, Field(ge=1)] = Field(256, description="Images kept for response_format=url.")
     image_ttl_seconds: Annotated[float, Field(gt=0)] = Field(600.0, description="How long a url image lives.")
     public_base_url: str | None = Field(None, description="Base of returned image URLs (None: from the request).")

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
+from starlette.responses import StreamingResponse
 
 from dit_service import __version__
 from dit_service.admission import AdmissionControl
@@ -27,12 +28,18 @@ from dit_service.result_stream import ResultStream
 from dit_service.settings import DitSettings
 from services.app import create_app
 from services.auth import BearerAuth
+from services.errors import error_responses
+from services.fatal import Fatal
 from services.metrics import new_registry
+from shared.result_frames import HANDOFF_MEDIA_TYPE, RESULT_MEDIA_TYPE
 from shared.row_buffer_pool import RowBufferPool
 
 
-def create_dit_app(settings: DitSettings, registry: CollectorRegistry | None = None) -> FastAPI:
+def create_dit_app(
+    settings: DitSettings, registry: CollectorRegistry | None = None, fatal: Fatal | None = None
+) -> FastAPI:
     registry = registry if registry is not None else new_registry()
+    fatal = fatal if fatal is not None else Fatal()
     metrics = DitMetrics(registry)
     metrics.build_info.info(
         {
@@ -49,7 +56,9 @@ def create_dit_app(settings: DitSettings, registry: CollectorRegistry | None = N
         retry_after_seconds=settings.retry_after_seconds,
     )
     state: ModelState[HandoffServices] = ModelState(
-        settings.retry_after_seconds, lambda served: {"capabilities": served.capabilities.model_dump(mode="json")}
+        settings.retry_after_seconds,
+        lambda served: {"capabilities": served.capabilities.model_dump(mode="json")},
+        fatal,
     )
 
     def load_model() -> DitModel:
@@ -68,7 +77,14 @@ def create_dit_app(settings: DitSettings, registry: CollectorRegistry | None = N
             )
         )
         policy = OpenFramePolicy(capabilities, adapters, settings.expected_model, settings.expected_final_norm)
-        results = ResultStream(PipelineRunner(model, decoder, encoder, metrics), admission.run_slots, metrics)
+        results = ResultStream(
+            PipelineRunner(model, decoder, encoder, metrics),
+            admission.run_slots,
+            metrics,
+            fatal,
+            progress_interval=settings.progress_interval_seconds,
+            max_consecutive_failures=settings.max_consecutive_pipeline_failures,
+        )
         # The warm-up must not show up as served traffic.
         warmup_runner = PipelineRunner(model, decoder, encoder, DitMetrics(CollectorRegistry()))
         served = HandoffServices(capabilities=capabilities, policy=policy, adapters=adapters, results=results)
@@ -85,6 +101,7 @@ def create_dit_app(settings: DitSettings, registry: CollectorRegistry | None = N
                 await loading
 
     app = create_app("ardit DiT service", lifespan=lifespan, readiness=state.readiness, registry=registry)
+    app.state.fatal = fatal
     endpoint = HandoffEndpoint(
         handoff_auth(settings.handoff_token),
         admission,
@@ -92,13 +109,33 @@ def create_dit_app(settings: DitSettings, registry: CollectorRegistry | None = N
             settings.assembly_caps,
             settings.frame_limits,
             settings.stall_timeout_seconds,
+            settings.handoff_deadline_seconds,
             metrics,
             RowBufferPool(settings.idle_row_buffer_bytes) if settings.idle_row_buffer_bytes else None,
         ),
         state.require,
         metrics,
     )
-    app.add_api_route(HANDOFF_PATH, endpoint, methods=["POST"], include_in_schema=False)
+    app.add_api_route(
+        HANDOFF_PATH,
+        endpoint,
+        methods=["POST"],
+        response_class=StreamingResponse,
+        summary="Receive one request's hidden rows; answer with its images (shared/HANDOFF_SPEC.md)",
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {HANDOFF_MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}},
+            }
+        },
+        responses={
+            200: {
+                "description": "Result frames (msgpack): progress, partial images, images, done or error.",
+                "content": {RESULT_MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}},
+            },
+            **error_responses(400, 401, 408, 409, 413, 415, 422, 429, 503),
+        },
+    )
     return app
 
 

@@ -19,7 +19,7 @@ from contextlib import aclosing, asynccontextmanager
 from prometheus_client import Gauge
 from starlette.requests import ClientDisconnect
 
-from dit_service.errors import HandoffStalled
+from dit_service.errors import HandoffDeadlineExceeded, HandoffStalled
 from dit_service.metrics import DitMetrics
 from shared.errors import HandoffError
 from shared.frame_codec import FrameLimits
@@ -50,6 +50,7 @@ class HandoffIntake:
         caps: AssemblyCaps,
         limits: FrameLimits,
         stall_timeout: float,
+        deadline: float,
         metrics: DitMetrics,
         pool: RowBufferPool | None = None,
     ) -> None:
@@ -57,6 +58,7 @@ class HandoffIntake:
         self._limits = limits
         self._pool = pool
         self._stall_timeout = stall_timeout
+        self._deadline = deadline
         self._metrics = metrics
 
     @asynccontextmanager
@@ -116,14 +118,19 @@ class HandoffIntake:
         self._metrics.handoff_failures.labels(reason).inc()
 
     async def _paced(self, chunks: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
-        """The body's chunks, ending the handoff when none arrives within the stall timeout."""
+        """The body's chunks, ending the handoff when none arrives within the stall timeout or
+        the whole body has not arrived within the deadline."""
         iterator = aiter(chunks)
+        deadline = time.monotonic() + self._deadline
         while True:
+            left = deadline - time.monotonic()
             try:
-                chunk = await asyncio.wait_for(anext(iterator), self._stall_timeout)
+                chunk = await asyncio.wait_for(anext(iterator), min(self._stall_timeout, max(0.0, left)))
             except StopAsyncIteration:
                 return
             except TimeoutError:
+                if left <= self._stall_timeout:
+                    raise HandoffDeadlineExceeded(f"the handoff took over {self._deadline:g} s; ended") from None
                 raise HandoffStalled(f"no bytes for {self._stall_timeout:g} s; handoff ended") from None
             if chunk:
                 yield chunk

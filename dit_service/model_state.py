@@ -21,6 +21,7 @@ from dit_service.model import DitModel
 from dit_service.pipeline_runner import PipelineRunner, RenderJob
 from services.app import Readiness
 from services.errors import ApiError
+from services.fatal import Fatal
 from shared.frames import DiffusionParams
 
 log = logging.getLogger("ardit.dit.model_state")
@@ -44,9 +45,10 @@ def warmup_job(model: DitModel) -> RenderJob:
 class ModelState(Generic[Loaded]):
     """``load`` builds the model and what serves it; ``require`` hands that out once warmed up."""
 
-    def __init__(self, retry_after_seconds: int, announce: Callable[[Loaded], Mapping[str, Any]]) -> None:
+    def __init__(self, retry_after_seconds: int, announce: Callable[[Loaded], Mapping[str, Any]], fatal: Fatal) -> None:
         self._retry_after = retry_after_seconds
         self._announce = announce
+        self._fatal = fatal
         self._loaded: Loaded | None = None
         self._readiness = Readiness(False, "model not loaded yet")
 
@@ -65,16 +67,19 @@ class ModelState(Generic[Loaded]):
         except Exception as exc:
             log.exception("model load failed")
             self._readiness = Readiness(False, f"model load failed ({type(exc).__name__})")
+            self._fatal.trigger(f"DiT model load failed ({type(exc).__name__}: {exc})")
             return
         self._loaded = loaded
         self._readiness = Readiness(True, "ready", self._announce(loaded))
         log.info("model ready")
 
     async def readiness(self) -> Readiness:
+        if self._fatal.reason is not None:
+            return Readiness(False, f"failed: {self._fatal.reason}")
         return self._readiness
 
     def require(self) -> Loaded:
-        if self._loaded is None:
+        if self._loaded is None or self._fatal.reason is not None:
             raise ApiError(
                 503,
                 f"the DiT is not ready: {self._readiness.reason}",

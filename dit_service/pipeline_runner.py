@@ -1,7 +1,8 @@
 """One render job through diffusers: image by image, previews on the way, stoppable between steps.
 
 ``render`` is synchronous and meant for a worker thread; it hands result frames to ``emit`` as they
-are ready (previews during denoising, each final image as soon as it is encoded). Image ``i`` uses
+are ready (progress after every denoising step, previews during denoising, each final image as
+soon as it is encoded). Image ``i`` uses
 seed ``seed + i`` and its own generator, so an image does not depend on how many were asked for.
 """
 
@@ -22,9 +23,9 @@ from dit_service.metrics import DitMetrics
 from dit_service.model import DitModel, Pipeline
 from dit_service.previews import clean_latent_estimate, preview_steps
 from shared.frames import DiffusionParams
-from shared.result_frames import ImageFrame, PartialImageFrame
+from shared.result_frames import ImageFrame, PartialImageFrame, ProgressFrame
 
-EmitResult = Callable[[PartialImageFrame | ImageFrame], None]
+EmitResult = Callable[[PartialImageFrame | ImageFrame | ProgressFrame], None]
 
 
 @dataclass(frozen=True)
@@ -49,18 +50,20 @@ class RenderCancelled(Exception):
 
 
 class _StepCallback:
-    """``callback_on_step_end``: stops an abandoned run and takes the scheduled previews."""
+    """``callback_on_step_end``: stops an abandoned run, reports progress, takes the previews."""
 
     def __init__(
         self,
         initial_latents: torch.Tensor,
         previews: tuple[int, ...],
         on_preview: Callable[[int, torch.Tensor], None],
+        on_step: Callable[[int], None],
         cancel: threading.Event,
     ) -> None:
         self._previous = initial_latents
         self._previews = previews
         self._on_preview = on_preview
+        self._on_step = on_step
         self._cancel = cancel
 
     def __call__(
@@ -71,6 +74,7 @@ class _StepCallback:
             # The documented way to stop a diffusers loop: remaining steps are skipped.
             pipeline._interrupt = True
             return {}
+        self._on_step(step)
         if step in self._previews:
             sigmas = pipeline.scheduler.sigmas
             clean = clean_latent_estimate(self._previous, latents, float(sigmas[step]), float(sigmas[step + 1]))
@@ -157,8 +161,14 @@ class PipelineRunner:
             preview_count += 1
             preview_seconds += time.perf_counter() - started
 
-        previews = preview_steps(params.num_inference_steps, params.partial_images)
-        callback = _StepCallback(latents, previews, on_preview, cancel)
+        steps = params.num_inference_steps
+
+        def on_step(step: int) -> None:
+            done = index * steps + step + 1
+            emit(ProgressFrame(request_id=job.request_id, step=done, steps=steps * params.num_images))
+
+        previews = preview_steps(steps, params.partial_images)
+        callback = _StepCallback(latents, previews, on_preview, on_step, cancel)
         started = time.perf_counter()
         final_latents = pipeline(
             height=params.height,

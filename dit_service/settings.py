@@ -58,6 +58,15 @@ class DitSettings(BaseSettings):
     stall_timeout_seconds: Annotated[float, Field(gt=0)] = Field(
         30.0, description="A handoff that sends no bytes for this long is ended and its memory released."
     )
+    handoff_deadline_seconds: Annotated[float, Field(gt=0)] = Field(
+        300.0, description="Longest handoff from its first byte to close, however steadily bytes trickle in."
+    )
+    progress_interval_seconds: Annotated[float, Field(gt=0)] = Field(
+        2.0, description="A progress frame goes to the AR after this long without a result frame (queued or rendering)."
+    )
+    max_consecutive_pipeline_failures: Annotated[int, Field(ge=1)] = Field(
+        3, description="Pipeline runs failing in a row before the DiT declares itself broken and exits."
+    )
 
     # --- receiver caps (shared AssemblyCaps / FrameLimits) -------------------------------------
     max_rows: Annotated[int, Field(ge=1)] = Field(AssemblyCaps.max_rows, description="Max rows per stream.")

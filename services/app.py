@@ -14,9 +14,20 @@ from typing import Any
 from fastapi import FastAPI, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from services.errors import install_error_handlers
+from services.errors import ErrorBody, install_error_handlers
 from services.request_context import RequestIdMiddleware
+
+
+class _Wrapped:
+    """Adapts a plain ``app -> app`` wrapper to Starlette's middleware stack."""
+
+    def __init__(self, app: ASGIApp, wrap: Callable[[ASGIApp], ASGIApp]) -> None:
+        self._wrapped = wrap(app)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._wrapped(scope, receive, send)
 
 
 @dataclass(frozen=True)
@@ -37,9 +48,13 @@ def create_app(
     lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None,
     readiness: ReadinessProbe,
     registry: CollectorRegistry,
+    gate: Callable[[ASGIApp], ASGIApp] | None = None,
 ) -> FastAPI:
+    """``gate`` wraps the app inside the request-id layer (so its refusals carry the id too)."""
     app = FastAPI(title=title, lifespan=lifespan)
     install_error_handlers(app)
+    if gate is not None:
+        app.add_middleware(_Wrapped, wrap=gate)
     app.add_middleware(RequestIdMiddleware)
 
     @app.get("/healthz", include_in_schema=False)
@@ -56,4 +71,36 @@ def create_app(
     async def metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
+    _document_400_not_422(app)
     return app
+
+
+def _document_400_not_422(app: FastAPI) -> None:
+    """Invalid input is answered 400 with the OpenAI body (install_error_handlers), never FastAPI's
+    422: the OpenAPI document says what the service really returns."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = generate()
+            for path in schema.get("paths", {}).values():
+                for operation in path.values():
+                    responses = operation.get("responses", {})
+                    if "HTTPValidationError" not in str(responses.get("422", "")):
+                        continue  # a 422 the service itself answers (the DiT's refusals)
+                    del responses["422"]
+                    if "400" not in responses:
+                        responses["400"] = {
+                            "description": "invalid_request_error",
+                            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}},
+                        }
+            schemas = schema.get("components", {}).get("schemas", {})
+            for unused in ("HTTPValidationError", "ValidationError"):
+                schemas.pop(unused, None)
+            schemas.setdefault("ErrorBody", ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}"))
+            schemas.update(ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}").get("$defs", {}))
+            schemas["ErrorBody"].pop("$defs", None)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger("ardit.errors")
@@ -29,6 +31,24 @@ _TYPE_BY_STATUS = {
     503: "service_unavailable_error",
     504: "timeout_error",
 }
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorBody(BaseModel):
+    """The body of every error answer (documented in the OpenAPI of both services)."""
+
+    error: ErrorDetail
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` entries for these error statuses, all with the OpenAI error body."""
+    return {status: {"model": ErrorBody, "description": _TYPE_BY_STATUS.get(status, "error")} for status in statuses}
 
 
 class ApiError(Exception):
@@ -84,6 +104,9 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
         param = _param_of(tuple(first.get("loc", ())))
+        if first.get("type") == "extra_forbidden":
+            # OpenAI's own answer to a field it does not know.
+            return ApiError(400, f"Unknown parameter: '{param}'.", param=param, code="unknown_parameter").response()
         message = f"{param}: {first['msg']}" if param else str(first["msg"])
         return ApiError(400, message, param=param, code="invalid_value").response()
 

@@ -60,6 +60,12 @@ class DitCapacity(_Model):
         """Renders that may be running or waiting for a run at once."""
         return self.max_pipeline_runs + self.pipeline_queue_size
 
+    @property
+    def max_outstanding(self) -> int:
+        """Requests one sender may have at this DiT at once without being refused: each holds a
+        handoff slot while its rows arrive and a run ticket from completion to its last image."""
+        return min(self.max_admitted, self.max_concurrent_handoffs)
+
 
 class DitCapabilities(_Model):
     model: Annotated[str, Field(min_length=1, max_length=256)]

@@ -3,7 +3,9 @@
 ``partial_image`` frames (previews, optional) come first, then one ``image`` frame per rendered
 image, then ``done`` with the DiT's stage timings. An ``error`` frame ends the stream early when
 something fails after the response has started (before that, the DiT answers a plain 4xx/5xx).
-Images are encoded files (PNG/JPEG/WebP) in a msgpack ``bin``.
+Images are encoded files (PNG/JPEG/WebP) in a msgpack ``bin``. ``progress`` frames come whenever
+the DiT has sent nothing for a while (queued, or a long step): the AR reads silence longer than
+its stall timeout as a frozen DiT, not as a slow render.
 """
 
 from __future__ import annotations
@@ -46,6 +48,14 @@ class ImageFrame(_Result):
     data: bytes
 
 
+class ProgressFrame(_Result):
+    kind: Literal["progress"] = "progress"
+    request_id: RequestId
+    # Denoising steps finished so far, over all images (0 while queued), of ``steps`` in all.
+    step: NonNegInt
+    steps: NonNegInt
+
+
 class DoneFrame(_Result):
     kind: Literal["done"] = "done"
     request_id: RequestId
@@ -61,10 +71,11 @@ class ErrorFrame(_Result):
     message: str
 
 
-ResultFrame = PartialImageFrame | ImageFrame | DoneFrame | ErrorFrame
+ResultFrame = PartialImageFrame | ImageFrame | ProgressFrame | DoneFrame | ErrorFrame
 _BY_KIND: dict[str, type[ResultFrame]] = {
     "partial_image": PartialImageFrame,
     "image": ImageFrame,
+    "progress": ProgressFrame,
     "done": DoneFrame,
     "error": ErrorFrame,
 }

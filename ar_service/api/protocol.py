@@ -3,56 +3,71 @@
 Request fields follow OpenAI's ``ImageGenerateParams``; ardit's extras (``seed``,
 ``num_inference_steps``, ``guidance_scale``, ``negative_prompt``, ``max_new_tokens``,
 ``cache_salt``) come in the same body, as the official client's ``extra_body`` sends them. Types
-are strict (``"stream": "yes"`` is an error, not ``True``) and unknown fields are refused, as
-OpenAI does. Responses are typed models, serialised without ``None`` fields.
+are JSON's own (``"stream": "yes"`` and ``"n": "2"`` are errors; ``"n": 2.0`` is the integer 2,
+as JSON Schema says) and unknown fields are refused, as OpenAI does. Responses are typed models,
+serialised without ``None`` fields.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictStr
 
 Quality = Literal["auto", "low", "medium", "high", "xhigh", "max", "standard", "hd"]
 OutputFormat = Literal["png", "jpeg", "webp"]
 # Digits only, at most 5 a side: no int() of a 4,300-digit or non-ASCII "digit" string.
-_SIZE = re.compile(r"[0-9]{1,5}x[0-9]{1,5}")
+SIZE_PATTERN = r"^(auto|[0-9]{1,5}x[0-9]{1,5})$"
 # OpenAI's quality values that are echoed back; the rest ("auto", "standard", "hd") are not.
 _ECHOED_QUALITY = ("low", "medium", "high", "xhigh", "max")
 
 
-class ImageGenerationRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+def _json_integer(value: object) -> object:
+    """JSON's integers, as JSON Schema means them (7 and 7.0), and nothing a lax parser would
+    coerce (``"7"``, ``true``)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError("must be an integer")
+    if isinstance(value, float) and not value.is_integer():
+        raise ValueError("must be an integer")
+    return int(value)
 
-    prompt: Annotated[str, Field(min_length=1, max_length=32000)]
-    model: str | None = None
-    n: Annotated[int, Field(ge=1, le=10)] = 1
-    size: str = "auto"
+
+def _json_number(value: object) -> object:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError("must be a number")
+    return value
+
+
+Integer = Annotated[int, BeforeValidator(_json_integer)]
+Number = Annotated[float, BeforeValidator(_json_number)]
+
+
+class ImageGenerationRequest(BaseModel):
+    # Lax parsing with typed guards (StrictStr/StrictBool, Integer, Number): what JSON Schema
+    # calls valid is accepted, and nothing is coerced from another JSON type.
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: Annotated[StrictStr, Field(min_length=1, max_length=32000)]
+    model: StrictStr | None = None
+    n: Annotated[Integer, Field(ge=1, le=10)] = 1
+    size: Annotated[StrictStr, Field(pattern=SIZE_PATTERN)] = "auto"
     quality: Quality = "auto"
     response_format: Literal["b64_json", "url"] = "b64_json"
     output_format: OutputFormat = "png"
-    output_compression: Annotated[int, Field(ge=0, le=100)] | None = None
+    output_compression: Annotated[Integer, Field(ge=0, le=100)] | None = None
     background: Literal["auto", "opaque", "transparent"] = "auto"
     moderation: Literal["auto", "low"] | None = None
     style: Literal["vivid", "natural"] | None = None
-    user: Annotated[str, Field(max_length=256)] | None = None
-    stream: bool = False
-    partial_images: Annotated[int, Field(ge=0, le=3)] = 0
+    user: Annotated[StrictStr, Field(max_length=256)] | None = None
+    stream: StrictBool = False
+    partial_images: Annotated[Integer, Field(ge=0, le=3)] = 0
     # ardit extensions
-    seed: Annotated[int, Field(ge=0, le=2**63 - 1)] | None = None
-    num_inference_steps: Annotated[int, Field(ge=1)] | None = None
-    guidance_scale: Annotated[float, Field(ge=0.0)] | None = None
-    negative_prompt: Annotated[str, Field(max_length=32000)] | None = None
-    max_new_tokens: Annotated[int, Field(ge=1)] | None = None
-    cache_salt: Annotated[str, Field(min_length=1, max_length=256)] | None = None
-
-    @field_validator("size")
-    @classmethod
-    def _size_shape(cls, value: str) -> str:
-        if value != "auto" and not _SIZE.fullmatch(value):
-            raise ValueError("size must be 'auto' or WIDTHxHEIGHT, e.g. 256x256")
-        return value
+    seed: Annotated[Integer, Field(ge=0, le=2**63 - 1)] | None = None
+    num_inference_steps: Annotated[Integer, Field(ge=1)] | None = None
+    guidance_scale: Annotated[Number, Field(ge=0.0)] | None = None
+    negative_prompt: Annotated[StrictStr, Field(max_length=32000)] | None = None
+    max_new_tokens: Annotated[Integer, Field(ge=1)] | None = None
+    cache_salt: Annotated[StrictStr, Field(min_length=1, max_length=256)] | None = None
 
     @property
     def echoed_quality(self) -> str | None:

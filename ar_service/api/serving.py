@@ -26,12 +26,13 @@ from ar_service.api.protocol import (
     PartialImageEvent,
     Usage,
 )
+from ar_service.engine.hidden_state_engine import EngineUnavailable
 from ar_service.engine.row_channel import RowQueueOverflow
 from ar_service.handoff_client import DitBusy, DitRejected, DitUnavailable, PartialImageSink
 from ar_service.image_generation import GenerationRequest, GenerationResult, ImageGenerator, PromptTooLong
 from ar_service.image_store import ImageStore
 from ar_service.metrics import ArMetrics
-from ar_service.readiness import ArReadiness
+from ar_service.readiness import NOT_READY_RETRY_AFTER, ArReadiness
 from ar_service.settings import ArSettings
 from services.errors import ApiError, Overloaded
 from shared.capabilities import DitCapabilities
@@ -67,8 +68,18 @@ def _dit_unavailable(exc: DitUnavailable) -> ApiError:
     )
 
 
+def _engine_unavailable(exc: EngineUnavailable) -> ApiError:
+    return ApiError(
+        503,
+        f"the text model is unavailable: {exc}",
+        code="engine_unavailable",
+        headers={"Retry-After": NOT_READY_RETRY_AFTER},
+    )
+
+
 # Every failure below the public API and the OpenAI-shaped error it becomes; first match wins.
 FAILURES: list[tuple[type[Exception], Callable[[Any], ApiError]]] = [
+    (EngineUnavailable, _engine_unavailable),
     (PromptTooLong, lambda exc: ApiError(400, str(exc), param=exc.param, code="context_length_exceeded")),
     (DitRejected, _dit_rejected),
     (DitBusy, _dit_busy),
@@ -117,11 +128,17 @@ class ImageServing:
         if model is not None and model != self.settings.served_model_name:
             raise ApiError(404, f"the model '{model}' does not exist", param="model", code="model_not_found")
 
-    async def prepare(self, body: ImageGenerationRequest, request_id: str, received_at: float) -> GenerationRequest:
-        """Everything that can refuse a request before any work: model, readiness, parameters."""
+    async def prepare(
+        self, body: ImageGenerationRequest, request_id: str, received_at: float
+    ) -> tuple[GenerationRequest, int]:
+        """Everything that can refuse a request before it queues: model, readiness, parameters.
+
+        Returns the generation and the pair's capacity (requests the DiT holds at once).
+        """
         self.check_model(body.model)
         capabilities = await self.readiness.require()
-        return self.to_generation(body, request_id, received_at, capabilities)
+        gen = self.to_generation(body, request_id, received_at, capabilities)
+        return gen, capabilities.capacity.max_outstanding
 
     def to_generation(
         self, body: ImageGenerationRequest, request_id: str, received_at: float, dit: DitCapabilities
@@ -188,7 +205,11 @@ class ImageServing:
         self, gen: GenerationRequest, on_partial_image: PartialImageSink | None = None
     ) -> GenerationResult:
         with map_failures():
-            result = await self.generator.generate(gen, on_partial_image)
+            try:
+                result = await self.generator.generate(gen, on_partial_image)
+            except DitUnavailable:
+                self.readiness.peer.forget()  # the next request sees "not ready" until it is back
+                raise
         u = result.usage
         log.info(
             "served %d image(s): %d prompt tokens (%d cached), %d generated, %.2fs",

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+from vllm.v1.engine.exceptions import EngineDeadError
 
 from ar_service.engine.connector import ROW_COUNT_KEY, ROW_QUEUE_KEY, HiddenStateConnector
 from ar_service.engine.row_channel import RowChannel, RowChunk, RowQueue
@@ -67,7 +68,7 @@ EngineEvent = RowsEvent | FinishedEvent
 
 
 class EngineUnavailable(RuntimeError):
-    pass
+    """The engine is not running (not started yet, or dead): no request can be served."""
 
 
 @dataclass(frozen=True)
@@ -179,6 +180,11 @@ class HiddenStateEngine:
 
     async def reset_prefix_cache(self) -> bool:
         return bool(await self._running().reset_prefix_cache())
+
+    @property
+    def dead(self) -> bool:
+        """The engine ran and died (its core process is gone or its output loop ended)."""
+        return self._engine is not None and bool(self._engine.errored)
 
     def _running(self) -> AsyncLLM:
         if self._engine is None:
@@ -301,6 +307,8 @@ class _EngineRun:
                 if output.finished:
                     self.final = output
                 self._tokens.set()
+        except EngineDeadError as exc:
+            raise EngineUnavailable("the AR engine died") from exc
         finally:
             self.finished_at = time.perf_counter()
             self._tokens.set()

@@ -58,3 +58,20 @@ def test_the_dit_is_asked_again_only_after_the_recheck_interval():
 
     asyncio.run(twice())
     assert len(calls) == 1
+
+
+def test_after_a_failed_request_the_next_one_probes_again():
+    calls = []
+
+    def handler(request):
+        calls.append(request)
+        return ready(DIT.model_dump(mode="json"))
+
+    async def scenario():
+        peer = peer_answering(handler)
+        await peer.state()
+        peer.forget()
+        await peer.state()
+
+    asyncio.run(scenario())
+    assert len(calls) == 2

@@ -118,7 +118,8 @@ class HandoffAnswer:
 
     @property
     def kinds(self) -> list[str]:
-        return [f.kind for f in self.frames]
+        """The frames' kinds, without progress frames (they come whenever the DiT was silent a while)."""
+        return [f.kind for f in self.frames if f.kind != "progress"]
 
 
 def handoff_headers(token: str | None = TOKEN) -> dict[str, str]:

@@ -24,6 +24,7 @@ from dit_service.metrics import DitMetrics
 from dit_service.pipeline_runner import PipelineRunner, RenderJob
 from shared.frames import CloseFrame, StreamTotals
 from shared.handoff_assembler import AssembledHandoff, AssembledStream
+from shared.result_frames import ImageFrame
 from shared.tensor_codec import token_ids_to_bytes
 from tests.dit_service.handoff_requests import open_frame, params
 
@@ -174,7 +175,8 @@ def test_padding_with_a_mask_gives_the_latents_and_image_of_trimming(tiny_model)
         )
         frames = []
         runner.render(RenderJob("r", cond, params(num_inference_steps=3)), frames.append, threading.Event())
-        images.append(np.asarray(Image.open(io.BytesIO(frames[0].data)), dtype=int))
+        [image] = [f for f in frames if isinstance(f, ImageFrame)]
+        images.append(np.asarray(Image.open(io.BytesIO(image.data)), dtype=int))
     # Masked attention sums in a different order than unmasked attention: equal up to float rounding,
     # which after 8-bit quantisation is at most one level on a rare pixel.
     torch.testing.assert_close(latents[0], latents[1], rtol=0, atol=1e-5)

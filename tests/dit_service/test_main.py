@@ -50,3 +50,18 @@ def test_module_entrypoint_serves_handoffs(tiny_checkpoint):
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+def test_a_model_that_cannot_load_makes_the_process_exit_non_zero(tmp_path):
+    env = {
+        **os.environ,
+        "ARDIT_DIT_MODEL_DIR": str(tmp_path / "missing"),
+        "ARDIT_DIT_PORT": str(free_port()),
+        "ARDIT_HANDOFF_TOKEN": "t",
+    }
+    started = time.monotonic()
+    finished = subprocess.run(
+        [sys.executable, "-m", "dit_service"], cwd=REPO, env=env, capture_output=True, timeout=120
+    )
+    assert finished.returncode == 3, finished.stderr.decode()[-2000:]
+    assert b"model load failed" in finished.stderr and time.monotonic() - started < 120

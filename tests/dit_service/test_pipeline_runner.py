@@ -17,7 +17,7 @@ from dit_service.image_encoder import ImageEncoder
 from dit_service.latent_decoder import LatentDecoder
 from dit_service.metrics import DitMetrics
 from dit_service.pipeline_runner import PipelineRunner, RenderCancelled, RenderJob
-from shared.result_frames import ImageFrame, PartialImageFrame
+from shared.result_frames import ImageFrame, PartialImageFrame, ProgressFrame
 from tests.dit_service.handoff_requests import hidden_rows, params
 
 pytestmark = pytest.mark.slow
@@ -44,9 +44,19 @@ def conditioning(rows: int = 9, seed: int = 0, negative: bool = False) -> Condit
 
 
 def render(runner, job) -> list:
+    """The previews and images a render emits (progress frames are left out)."""
     frames = []
     runner.render(job, frames.append, threading.Event())
-    return frames
+    return [f for f in frames if not isinstance(f, ProgressFrame)]
+
+
+def test_progress_is_reported_after_every_step_of_every_image(runner):
+    frames = []
+    runner.render(
+        RenderJob("r", conditioning(), params(num_images=2, num_inference_steps=3)), frames.append, threading.Event()
+    )
+    progress = [(f.step, f.steps) for f in frames if isinstance(f, ProgressFrame)]
+    assert progress == [(step, 6) for step in range(1, 7)]
 
 
 def pixels(data: bytes) -> np.ndarray:
@@ -124,6 +134,8 @@ def test_cancel_stops_at_the_next_denoising_step(runner, tiny_model):
     frames = []
 
     def emit(frame):
+        if isinstance(frame, ProgressFrame):
+            return
         frames.append(frame)
         cancel.set()  # the consumer goes away after the first preview
 

@@ -18,6 +18,7 @@ from dit_service.metrics import DitMetrics
 from dit_service.pipeline_runner import RenderCancelled, RenderJob, RenderTimings
 from dit_service.result_stream import ResultStream
 from services.errors import ApiError
+from services.fatal import Fatal
 from shared.result_frames import RESULT_MEDIA_TYPE, ImageFrame, PartialImageFrame, ResultReader
 from tests.dit_service.handoff_requests import (
     complete_handoff,
@@ -32,8 +33,26 @@ JOB = RenderJob("req_x", Conditioning(torch.zeros(1, 1, 4), torch.ones(1, 1, dty
 FRAME = {"request_id": "req_x", "image_index": 0, "output_format": "png"}
 
 
+def result_stream(
+    runner,
+    admission: AdmissionControl,
+    metrics: DitMetrics | None = None,
+    fatal: Fatal | None = None,
+    progress_interval: float = 60.0,
+) -> ResultStream:
+    return ResultStream(
+        runner,
+        admission.run_slots,
+        metrics or DitMetrics(CollectorRegistry()),
+        fatal or Fatal(),
+        progress_interval=progress_interval,
+        max_consecutive_failures=2,
+    )
+
+
 class ScriptedRunner:
-    """Stands in for PipelineRunner: emits a preview and an image, or fails, or waits to be cancelled."""
+    """Stands in for PipelineRunner: emits a preview and an image, or fails, or waits to be cancelled,
+    or takes a long silent step."""
 
     def __init__(self, behaviour: str) -> None:
         self.behaviour = behaviour
@@ -50,16 +69,18 @@ class ScriptedRunner:
                 assert cancel.wait(10)
                 time.sleep(0.2)  # the step in progress finishes before the loop notices
                 raise RenderCancelled()
+            if self.behaviour == "silent_step":
+                time.sleep(0.5)
             emit(ImageFrame(**FRAME, seed=0, width=32, height=32, data=b"i"))
             return RenderTimings(denoise=1.0)
         finally:
             self.finished.set()
 
 
-def collect(behaviour: str):
+def collect(behaviour: str, fatal: Fatal | None = None, progress_interval: float = 60.0):
     async def run():
         admission = AdmissionControl(max_handoffs=1, max_runs=1, queue_size=0, retry_after_seconds=1)
-        stream = ResultStream(ScriptedRunner(behaviour), admission.run_slots, DitMetrics(CollectorRegistry()))
+        stream = result_stream(ScriptedRunner(behaviour), admission, fatal=fatal, progress_interval=progress_interval)
         response = stream.respond(JOB, admission.run_ticket(), time.monotonic(), handoff_seconds=0.5)
         assert response.media_type == RESULT_MEDIA_TYPE
         reader = ResultReader()
@@ -86,6 +107,27 @@ def test_failure_after_the_start_ends_with_an_error_frame_without_internals():
     assert "secret" not in frames[-1].message
 
 
+def test_a_silent_stretch_is_filled_with_progress_so_silence_means_frozen():
+    frames = collect("silent_step", progress_interval=0.1)
+    kinds = [f.kind for f in frames]
+    assert kinds[0] == "partial_image" and kinds[-2:] == ["image", "done"]
+    assert 2 <= kinds.count("progress") <= 6  # about one per 0.1 s of a 0.5 s silent step
+
+
+def test_consecutive_failures_of_one_stream_trigger_fatal():
+    async def run():
+        fatal = Fatal()
+        admission = AdmissionControl(max_handoffs=1, max_runs=1, queue_size=2, retry_after_seconds=1)
+        stream = result_stream(ScriptedRunner("fail"), admission, fatal=fatal)
+        for expected in (None, "the pipeline failed 2 runs in a row"):
+            response = stream.respond(JOB, admission.run_ticket(), 0.0, 0.0)
+            async for _ in response.body_iterator:
+                pass
+            assert fatal.reason == expected
+
+    asyncio.run(run())
+
+
 async def wait_until(event: threading.Event) -> None:
     while not event.is_set():
         await asyncio.sleep(0.01)
@@ -97,7 +139,7 @@ def test_a_consumer_that_goes_away_stops_the_run_and_capacity_returns_only_when_
         admission = AdmissionControl(max_handoffs=1, max_runs=1, queue_size=0, retry_after_seconds=1)
         runner = ScriptedRunner("wait_for_cancel")
         metrics = DitMetrics(CollectorRegistry())
-        response = ResultStream(runner, admission.run_slots, metrics).respond(JOB, admission.run_ticket(), 0.0, 0.0)
+        response = result_stream(runner, admission, metrics).respond(JOB, admission.run_ticket(), 0.0, 0.0)
         frames = response.body_iterator
         await anext(frames)  # the preview: the run is under way
         await frames.aclose()  # what a disconnect does to the response
@@ -116,9 +158,7 @@ def test_a_response_that_never_streams_still_stops_its_run_and_returns_its_ticke
     async def run():
         admission = AdmissionControl(max_handoffs=1, max_runs=1, queue_size=0, retry_after_seconds=1)
         runner = ScriptedRunner("wait_for_cancel")
-        response = ResultStream(runner, admission.run_slots, DitMetrics(CollectorRegistry())).respond(
-            JOB, admission.run_ticket(), 0.0, 0.0
-        )
+        response = result_stream(runner, admission).respond(JOB, admission.run_ticket(), 0.0, 0.0)
         await asyncio.to_thread(runner.started.wait, 10)
         await response.background()  # what Starlette runs when the client is gone before the first byte
         await wait_until(runner.finished)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import socket
+import time
+
 import httpx
 import openai
 import pytest
@@ -43,6 +46,10 @@ def error_body(response: httpx.Response) -> dict:
         ({"prompt": "x", "max_new_tokens": 10_000}, "max_new_tokens"),
         ({"prompt": "x", "unknown_field": 1}, "unknown_field"),
         ({"prompt": "word " * 2000}, "prompt"),
+        ({"prompt": "x", "size": "\u00b256x256"}, "size"),
+        ({"prompt": "x", "size": "1" * 4301 + "x16"}, "size"),
+        ({"prompt": "x", "stream": "yes"}, "stream"),
+        ({"prompt": "x", "seed": True}, "seed"),
     ],
 )
 def test_invalid_requests_are_400_naming_the_param(stack, payload, param):
@@ -123,3 +130,33 @@ def test_the_dit_announces_its_limits_and_the_ar_checks_requests_against_them(st
         json={"prompt": "x", "size": "64x64", "num_inference_steps": limits["min_inference_steps"] - 1},
     )
     assert response.status_code == 400 and error_body(response)["param"] == "num_inference_steps"
+
+
+def test_bad_input_before_any_work_is_never_a_500(stack):
+    url = f"{stack.api_base}/images/generations"
+    # Not ASCII in the key: a 401 on every route, the admin one included.
+    for method, path in (
+        ("POST", "/v1/images/generations"),
+        ("GET", "/v1/models"),
+        ("POST", "/admin/reset_prefix_cache"),
+    ):
+        with socket.create_connection(("127.0.0.1", stack.ar.port)) as sock:
+            sock.sendall(
+                f"{method} {path} HTTP/1.1\r\nHost: ar\r\nContent-Length: 0\r\n".encode()
+                + b"Authorization: Bearer \xc3\xa9\r\n\r\n"
+            )
+            assert sock.recv(100).startswith(b"HTTP/1.1 401"), path
+    # A 50 MB body: refused from its Content-Length, before a byte of it is read.
+    started = time.monotonic()
+    big = httpx.post(url, content=b"{" + b" " * (50 << 20) + b"}", headers={"authorization": f"Bearer {API_KEY}"})
+    assert big.status_code == 413 and error_body(big)["code"] == "request_too_large"
+    assert time.monotonic() - started < 5
+
+
+def test_a_refusal_known_before_the_stream_starts_is_an_http_status(stack):
+    response = httpx.post(
+        f"{stack.api_base}/images/generations",
+        headers={"authorization": f"Bearer {API_KEY}"},
+        json={"prompt": "x", "size": "100x100", "stream": True},
+    )
+    assert response.status_code == 400 and error_body(response)["param"] == "size"

@@ -29,8 +29,13 @@ def test_loose_or_unknown_input_is_refused(body):
         parse(**body)
 
 
-def test_a_float_field_takes_an_integer():
+def test_numbers_are_json_numbers():
     assert parse(guidance_scale=4).guidance_scale == 4.0
+    assert parse(n=2.0).n == 2  # an integer to JSON Schema
+    with pytest.raises(ValidationError):
+        parse(n=2.5)
+    with pytest.raises(ValidationError):
+        parse(guidance_scale="4")
 
 
 def test_quality_is_echoed_only_where_openai_echoes_it():
