@@ -23,9 +23,8 @@ from ar_service import __version__
 from ar_service.admission import RequestAdmission
 from ar_service.api.router import build_router
 from ar_service.api.serving import ImageServing
-from ar_service.dit_peer import DitPeer
+from ar_service.dit_pool import DitPool
 from ar_service.engine.hidden_state_engine import EngineRequest, HiddenStateEngine
-from ar_service.handoff_client import HandoffClient
 from ar_service.image_generation import ImageGenerator
 from ar_service.image_store import ImageStore
 from ar_service.metrics import ArMetrics
@@ -66,17 +65,26 @@ def create_ar_app(
     metrics = ArMetrics(registry)
     engine = HiddenStateEngine(settings)
     prompts = PromptBuilder.from_model_dir(settings.model_dir, settings.prompt_template)
-    # Reads and writes time out after the stall timeout: the DiT sends progress every denoising
-    # step (and while queued), so silence that long means it froze.
-    dit_http = httpx.AsyncClient(
-        base_url=settings.dit_url,
-        timeout=httpx.Timeout(settings.dit_stall_timeout_seconds, connect=settings.dit_connect_timeout_seconds),
-        limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
+
+    def dit_client(base_url: str) -> httpx.AsyncClient:
+        # Reads and writes time out after the stall timeout: the DiT sends progress while it works
+        # (queued or rendering), so silence that long means it froze.
+        return httpx.AsyncClient(
+            base_url=base_url,
+            timeout=httpx.Timeout(settings.dit_stall_timeout_seconds, connect=settings.dit_connect_timeout_seconds),
+            limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
+        )
+
+    dits = DitPool.from_setting(
+        settings.dit_url,
+        make_client=dit_client,
+        token=settings.handoff_token.get_secret_value() if settings.handoff_token else None,
+        deadline_seconds=settings.dit_timeout_seconds,
+        hidden_size=engine.shape.hidden_size,
+        conditioning=settings.conditioning,
     )
-    token = settings.handoff_token.get_secret_value() if settings.handoff_token else None
-    dit = HandoffClient(dit_http, token, settings.dit_timeout_seconds)
-    generator = ImageGenerator(settings, engine, prompts, dit, metrics)
-    readiness = ArReadiness(DitPeer(dit_http, hidden_size=engine.shape.hidden_size, conditioning=settings.conditioning))
+    generator = ImageGenerator(settings, engine, prompts, dits, metrics)
+    readiness = ArReadiness(dits)
     runtime = ArRuntime(settings, engine, prompts, generator, readiness, metrics)
     metrics.build_info.info(
         {
@@ -113,16 +121,23 @@ def create_ar_app(
             await asyncio.sleep(ENGINE_CHECK_SECONDS)
         engine_failed("the engine died")
 
+    async def resolve_dits() -> None:
+        """DiT replicas come and go with their DNS answer (a Kubernetes headless Service)."""
+        while True:
+            await dits.refresh()
+            await asyncio.sleep(settings.dit_resolve_seconds)
+
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        starting = asyncio.create_task(run_engine())
+        await dits.refresh()
+        background = [asyncio.create_task(run_engine()), asyncio.create_task(resolve_dits())]
         try:
             yield
         finally:
-            starting.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await starting
-            await dit_http.aclose()
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+            await dits.aclose()
             await asyncio.to_thread(engine.shutdown)
 
     api_keys = BearerAuth(

@@ -81,6 +81,10 @@ class HandoffBody:
         self._pumps: list[asyncio.Task[None]] = []
         self.finished: dict[StreamName, FinishedEvent] = {}
         self.stats = HandoffStats()
+        # Set once the body took the engine's first rows: from then on the handoff belongs to the
+        # DiT it is going to (it is never offered to another one). Before that, iterating the body
+        # again starts it over, with nothing lost.
+        self.rows_started = False
 
     async def __aenter__(self) -> HandoffBody:
         self._pumps = [
@@ -112,6 +116,7 @@ class HandoffBody:
         held: list[tuple[StreamName, RowsEvent]] = []
         while len(self.finished) < len(self._runs):
             name, event = await self._events.get()
+            self.rows_started = True
             if isinstance(event, BaseException):
                 raise event
             if isinstance(event, FinishedEvent):

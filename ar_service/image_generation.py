@@ -11,11 +11,12 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from ar_service.engine.hidden_state_engine import EngineRequest, HiddenStateEngine
 from ar_service.engine.row_channel import RowQueueOverflow
 from ar_service.handoff_body import HandoffBody
-from ar_service.handoff_client import HandoffClient, HandoffFailed, PartialImageSink, RenderResult
+from ar_service.handoff_client import HandoffFailed, PartialImageSink, RenderResult
 from ar_service.metrics import ArMetrics
 from ar_service.prompt_builder import BuiltPrompt, PromptBuilder
 from ar_service.settings import ArSettings
@@ -28,6 +29,14 @@ log = logging.getLogger("ardit.ar.generation")
 
 # The public parameter each stream's text comes from.
 _PUBLIC_PARAM: dict[StreamName, str] = {"cond": "prompt", "uncond": "negative_prompt"}
+
+
+class DitRenderer(Protocol):
+    """Where a handoff body goes: one DiT (``HandoffClient``) or a pool of them (``DitPool``)."""
+
+    async def render(
+        self, request_id: str, body: HandoffBody, on_partial_image: PartialImageSink | None = None
+    ) -> RenderResult: ...
 
 
 @dataclass(frozen=True)
@@ -71,7 +80,7 @@ class ImageGenerator:
         settings: ArSettings,
         engine: HiddenStateEngine,
         prompts: PromptBuilder,
-        dit: HandoffClient,
+        dit: DitRenderer,
         metrics: ArMetrics,
     ) -> None:
         self._settings = settings
@@ -108,6 +117,10 @@ class ImageGenerator:
         finally:
             self._metrics.handoffs_in_flight.dec()
         return self._result(request, body, result)
+
+    def prompt_token_ids(self, prompt: str) -> list[int]:
+        """The ids the engine gets for ``prompt`` (in the template): what its prefix cache holds."""
+        return self._prompts.build(prompt).token_ids
 
     def _prompts_of(self, request: GenerationRequest) -> dict[StreamName, BuiltPrompt]:
         texts: dict[StreamName, str] = {"cond": request.prompt}

@@ -53,7 +53,9 @@ class ArSettings(BaseSettings):
     kv_events_publisher: Literal["off", "zmq"] = Field(
         "off", description="Publish vLLM's KV-cache events (BlockStored/BlockRemoved) for prefix-aware routers."
     )
-    kv_events_endpoint: str = Field("tcp://*:5557", description="ZMQ PUB endpoint of the KV-cache events.")
+    kv_events_endpoint: str = Field(
+        "tcp://*:5557", description="Where the AR publishes KV-cache events (tcp://*:PORT: routers dial the AR)."
+    )
     kv_events_topic: str = Field("", description="ZMQ topic of the KV-cache events (llm-d: kv@<pod ip>@<model>).")
 
     # --- prompts ---------------------------------------------------------------------------------
@@ -78,7 +80,13 @@ class ArSettings(BaseSettings):
         300.0, description="Longest wait for the next rows from the engine."
     )
     overlap_handoff: bool = Field(True, description="Send rows while decoding (off: after the AR finishes).")
-    dit_url: str = Field("http://127.0.0.1:8001", description="DiT service base URL.")
+    dit_url: str = Field(
+        "http://127.0.0.1:8001",
+        description="DiT base URL(s), comma-separated; a DNS name is expanded to all its IPv4 addresses.",
+    )
+    dit_resolve_seconds: Annotated[float, Field(gt=0)] = Field(
+        5.0, description="How often DiT host names are resolved again (replicas come and go)."
+    )
     handoff_token: SecretStr | None = Field(
         None,
         validation_alias="ARDIT_HANDOFF_TOKEN",

@@ -58,6 +58,7 @@ def create_app(
     app.add_middleware(RequestIdMiddleware)
 
     @app.get("/healthz", include_in_schema=False)
+    @app.get("/health", include_in_schema=False)  # vLLM's name, which routers (vllm-router) call
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 

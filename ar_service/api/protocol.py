@@ -75,6 +75,25 @@ class ImageGenerationRequest(BaseModel):
         return self.quality if self.quality in _ECHOED_QUALITY else None
 
 
+class RenderRequest(BaseModel):
+    """What a prefix-aware router posts to ``/v1/completions/render``: the request it is routing
+    (an image request here; extra fields are the router's business and ignored)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    prompt: Annotated[StrictStr, Field(min_length=1, max_length=32000)]
+    model: StrictStr | None = None
+
+
+class RenderedPrompt(BaseModel):
+    """vLLM's ``GenerateRequest`` shape: the token ids the engine will see (and cache)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    request_id: str
+    token_ids: list[int]
+
+
 class _Response(BaseModel):
     model_config = ConfigDict(frozen=True)
 

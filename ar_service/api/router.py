@@ -29,6 +29,8 @@ from ar_service.api.protocol import (
     ModelCard,
     ModelList,
     PartialImageEvent,
+    RenderedPrompt,
+    RenderRequest,
 )
 from ar_service.api.serving import ImageServing
 from ar_service.image_generation import GenerationRequest, GenerationResult
@@ -74,6 +76,12 @@ def build_router(serving: ImageServing, admission: RequestAdmission) -> APIRoute
         if image is None:
             raise ApiError(404, "image not found or expired", code="not_found", param="name")
         return Response(image.data, media_type=image.media_type, headers={"cache-control": "private, max-age=60"})
+
+    @router.post("/v1/completions/render", responses=error_responses(*_GATE, 400, 404))
+    async def render(body: RenderRequest, request: Request) -> list[RenderedPrompt]:
+        """The token ids of an image request's templated prompt, as vLLM's own endpoint gives a
+        completion's: a prefix-aware router hashes exactly what this AR will cache."""
+        return serving.render(body, request.state.request_id)
 
     @router.post("/v1/images/generations", response_model=None, responses=_GENERATION_RESPONSES)
     async def generate(body: ImageGenerationRequest, request: Request) -> Response:

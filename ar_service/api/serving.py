@@ -24,6 +24,8 @@ from ar_service.api.protocol import (
     ModelList,
     OutputTokensDetails,
     PartialImageEvent,
+    RenderedPrompt,
+    RenderRequest,
     Usage,
 )
 from ar_service.engine.hidden_state_engine import EngineUnavailable
@@ -119,10 +121,15 @@ class ImageServing:
 
     async def model_card(self, model_id: str | None = None) -> ModelCard:
         self.check_model(model_id)
-        capabilities = (await self.readiness.peer.state()).capabilities
+        capabilities = (await self.readiness.dits.state()).capabilities
         return ModelCard(
             id=self.settings.served_model_name, description=capabilities.description if capabilities else None
         )
+
+    def render(self, body: RenderRequest, request_id: str) -> list[RenderedPrompt]:
+        """The templated prompt's token ids, as vLLM's /v1/completions/render gives them."""
+        self.check_model(body.model)
+        return [RenderedPrompt(request_id=request_id, token_ids=self.generator.prompt_token_ids(body.prompt))]
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.settings.served_model_name:
@@ -136,9 +143,8 @@ class ImageServing:
         Returns the generation and the pair's capacity (requests the DiT holds at once).
         """
         self.check_model(body.model)
-        capabilities = await self.readiness.require()
-        gen = self.to_generation(body, request_id, received_at, capabilities)
-        return gen, capabilities.capacity.max_outstanding
+        capabilities, capacity = await self.readiness.require()
+        return self.to_generation(body, request_id, received_at, capabilities), capacity
 
     def to_generation(
         self, body: ImageGenerationRequest, request_id: str, received_at: float, dit: DitCapabilities
@@ -208,7 +214,7 @@ class ImageServing:
             try:
                 result = await self.generator.generate(gen, on_partial_image)
             except DitUnavailable:
-                self.readiness.peer.forget()  # the next request sees "not ready" until it is back
+                self.readiness.dits.forget()  # the next request probes the DiTs again
                 raise
         u = result.usage
         log.info(
