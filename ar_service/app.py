@@ -103,7 +103,9 @@ def create_ar_app(settings: ArSettings, registry: CollectorRegistry | None = Non
             await dit_http.aclose()
             await asyncio.to_thread(engine.shutdown)
 
-    app = create_app("ardit AR service", lifespan=lifespan, readiness=readiness.probe, registry=registry)
+    app = create_app(
+        "ardit AR service", lifespan=lifespan, readiness=readiness.probe, registry=registry, http_metrics=metrics.http
+    )
     app.state.runtime = runtime
     admission = RequestAdmission(settings.max_concurrent_requests, settings.max_queued_requests, metrics)
     serving = ImageServing(

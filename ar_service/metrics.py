@@ -4,6 +4,9 @@ vLLM's own engine families (``vllm:prefix_cache_queries``, ``vllm:prefix_cache_h
 ``vllm:kv_cache_usage_perc``, ``vllm:time_to_first_token_seconds``, ...) live in
 prometheus_client's global registry; ``VllmFamilies`` re-exports them so one scrape of the AR
 service's ``/metrics`` has both.
+
+Labelled families whose label values are known up front start at zero for each value, so the
+first failure is an increase ``rate()`` and alerts can see, not a series appearing from nothing.
 """
 
 from __future__ import annotations
@@ -13,7 +16,19 @@ from collections.abc import Iterator
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.metrics_core import Metric
 
+from ar_service.handoff_client import HandoffFailed
+from services.http_metrics import HttpMetrics
 from services.metrics import HANDOFF_BUCKETS, LATENCY_BUCKETS, TOKEN_BUCKETS
+
+# The reason a handoff failed: a HandoffFailed's ``reason``, or the AR's own row buffer overflowing.
+ROW_BUFFER_OVERFLOW = "row_buffer_overflow"
+
+
+def handoff_failure_reasons() -> list[str]:
+    kinds: list[type[HandoffFailed]] = [HandoffFailed]
+    for kind in kinds:
+        kinds.extend(kind.__subclasses__())
+    return sorted({kind.reason for kind in kinds} | {ROW_BUFFER_OVERFLOW})
 
 
 class VllmFamilies:
@@ -27,9 +42,20 @@ class VllmFamilies:
 
 class ArMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.requests = Counter("ardit_ar_requests", "Image requests by final status.", ["status"], registry=registry)
+        self.http = HttpMetrics(registry, "ar")
+        self.requests = Counter(
+            "ardit_ar_requests", "Image requests that reached generation, by outcome.", ["status"], registry=registry
+        )
+        for status in ("ok", "error"):
+            self.requests.labels(status=status)
         self.requests_in_flight = Gauge("ardit_ar_requests_in_flight", "Requests being served.", registry=registry)
         self.requests_queued = Gauge("ardit_ar_requests_queued", "Requests waiting for a slot.", registry=registry)
+        self.queue_wait_seconds = Histogram(
+            "ardit_ar_queue_wait_seconds",
+            "Wait in the admission queue before a request runs.",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
         self.prompt_tokens = Counter("ardit_ar_prompt_tokens", "Prompt tokens (all streams).", registry=registry)
         self.generated_tokens = Counter("ardit_ar_generated_tokens", "Generated tokens.", registry=registry)
         self.cached_tokens = Counter(
@@ -61,23 +87,31 @@ class ArMetrics:
         )
         self.request_seconds = Histogram(
             "ardit_ar_request_seconds",
-            "Whole request, received to answered.",
+            "Whole image request, received to answered.",
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
         self.handoff_latency_seconds = Histogram(
-            "ardit_handoff_latency_seconds",
+            "ardit_ar_handoff_latency_seconds",
             "AR's last row to the DiT holding the complete conditioning.",
             buckets=HANDOFF_BUCKETS,
             registry=registry,
         )
-        self.handoff_bytes_sent = Counter(
-            "ardit_handoff_bytes_sent", "Handoff bytes sent to the DiT.", registry=registry
+        self.handoff_sent_bytes = Counter(
+            "ardit_ar_handoff_sent_bytes", "Handoff bytes sent to the DiT.", registry=registry
         )
-        self.handoff_frames_sent = Counter("ardit_handoff_frames_sent", "Handoff frames sent.", registry=registry)
+        self.handoff_sent_frames = Counter(
+            "ardit_ar_handoff_sent_frames", "Handoff frames sent to the DiT.", registry=registry
+        )
         self.handoff_failures = Counter(
-            "ardit_handoff_failures", "Handoffs that failed, by reason.", ["reason"], registry=registry
+            "ardit_ar_handoff_failures", "Handoffs that failed, by reason.", ["reason"], registry=registry
         )
-        self.handoffs_in_flight = Gauge("ardit_handoffs_in_flight", "Handoffs being streamed.", registry=registry)
-        self.build_info = Info("ardit_ar_build", "Version, model, dtype, device, block size.", registry=registry)
+        for reason in handoff_failure_reasons():
+            self.handoff_failures.labels(reason=reason)
+        self.handoffs_in_flight = Gauge(
+            "ardit_ar_handoffs_in_flight", "Handoffs being streamed to the DiT.", registry=registry
+        )
+        self.build_info = Info(
+            "ardit_ar_build", "Version, model, dtype, device, conditioning, prefix caching.", registry=registry
+        )
         registry.register(VllmFamilies())

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
+import torch
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
@@ -33,7 +34,7 @@ from shared.row_buffer_pool import RowBufferPool
 
 def create_dit_app(settings: DitSettings, registry: CollectorRegistry | None = None) -> FastAPI:
     registry = registry if registry is not None else new_registry()
-    metrics = DitMetrics(registry)
+    metrics = DitMetrics(registry, cuda_device=torch.device(settings.device))
     metrics.build_info.info(
         {
             "version": __version__,
@@ -84,7 +85,15 @@ def create_dit_app(settings: DitSettings, registry: CollectorRegistry | None = N
             with contextlib.suppress(asyncio.CancelledError):
                 await loading
 
-    app = create_app("ardit DiT service", lifespan=lifespan, readiness=state.readiness, registry=registry)
+    # A handoff's trace context travels in its open frame (dit_service/handoff_trace.py), not in headers.
+    app = create_app(
+        "ardit DiT service",
+        lifespan=lifespan,
+        readiness=state.readiness,
+        registry=registry,
+        http_metrics=metrics.http,
+        untraced_paths=(HANDOFF_PATH,),
+    )
     endpoint = HandoffEndpoint(
         handoff_auth(settings.handoff_token),
         admission,

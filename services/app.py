@@ -1,12 +1,14 @@
-"""The app factory both services use: error bodies, request ids, health, readiness, metrics.
+"""The app factory both services use: error bodies, request ids, health, readiness, metrics, traces.
 
 Each service passes a readiness probe (model loaded and warmed, peer reachable) and its routers;
-everything an operator relies on behaves the same on both.
+everything an operator relies on behaves the same on both: every response is counted by route,
+method and status and every error body by its code (``HttpMetrics``), and every request but the
+probes and ``untraced_paths`` gets a server span (``services.tracing``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +18,9 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from services.errors import install_error_handlers
+from services.http_metrics import HttpMetrics
 from services.request_context import RequestIdMiddleware
+from services.tracing import instrument_app
 
 
 @dataclass(frozen=True)
@@ -37,10 +41,14 @@ def create_app(
     lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None,
     readiness: ReadinessProbe,
     registry: CollectorRegistry,
+    http_metrics: HttpMetrics,
+    untraced_paths: Iterable[str] = (),
 ) -> FastAPI:
     app = FastAPI(title=title, lifespan=lifespan)
-    install_error_handlers(app)
+    install_error_handlers(app, http_metrics.count_error)
     app.add_middleware(RequestIdMiddleware)
+    http_metrics.install(app)
+    instrument_app(app, untraced_paths)
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> dict[str, str]:
