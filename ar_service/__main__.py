@@ -8,6 +8,7 @@ from pydantic_settings import CliApp
 from ar_service.app import create_ar_app
 from ar_service.settings import ArSettings
 from services.request_context import configure_logging
+from services.tracing import configure_tracing
 
 
 class ArCli(ArSettings, cli_parse_args=True, cli_prog_name="python -m ar_service"):
@@ -17,6 +18,7 @@ class ArCli(ArSettings, cli_parse_args=True, cli_prog_name="python -m ar_service
 def main() -> None:
     settings = CliApp.run(ArCli)
     configure_logging("ar", settings.log_level)
+    configure_tracing("ar")
     uvicorn.run(
         create_ar_app(settings), host=settings.host, port=settings.port, log_config=None, timeout_graceful_shutdown=10
     )

@@ -4,6 +4,7 @@ and the rest are refused at once with 429 + ``Retry-After`` instead of queueing 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -30,11 +31,13 @@ class RequestAdmission:
             )
         self._waiting += 1
         self._metrics.requests_queued.set(self._waiting)
+        queued_at = time.monotonic()
         try:
             await self._running.acquire()
         finally:
             self._waiting -= 1
             self._metrics.requests_queued.set(self._waiting)
+        self._metrics.queue_wait_seconds.observe(time.monotonic() - queued_at)
         self.in_flight += 1
         self._metrics.requests_in_flight.set(self.in_flight)
         try:

@@ -52,7 +52,7 @@ class ArMetrics:
         self.requests_queued = Gauge("ardit_ar_requests_queued", "Requests waiting for a slot.", registry=registry)
         self.queue_wait_seconds = Histogram(
             "ardit_ar_queue_wait_seconds",
-            "Wait in the admission queue before a request runs.",
+            "Time a request waited for room at the DiT.",
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
