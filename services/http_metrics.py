@@ -22,7 +22,7 @@ from prometheus_fastapi_instrumentator.middleware import PrometheusInstrumentato
 from services.errors import ApiError
 from services.metrics import LATENCY_BUCKETS
 
-_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 
 class HttpMetrics:
@@ -62,6 +62,6 @@ class HttpMetrics:
         self.errors.labels(status=str(error.status), code=error.code or "none").inc()
 
     def _observe(self, info: Info) -> None:
-        method = info.method if info.method in _METHODS else "OTHER"
+        method = info.method if info.method in HTTP_METHODS else "OTHER"
         self.requests.labels(route=info.modified_handler, method=method, status=info.modified_status).inc()
         self.request_seconds.labels(route=info.modified_handler, method=method).observe(info.modified_duration)

@@ -10,11 +10,13 @@ batching, headers and the service name come from the SDK's own variables (``OTEL
 environment configurator is private API and would also set up metric and log exporters (ardit's
 metrics are Prometheus'), hence these few lines. Without a provider every span is a no-op.
 
-``instrument_app`` gives every HTTP request a server span (OpenTelemetry's FastAPI instrumentation,
-named by route template) whose parent comes from the request's W3C ``traceparent`` header. Probes
-and ``/metrics`` are not traced. The AR→DiT handoff carries its trace context in the ``open``
-frame instead (``traceparent``, shared/HANDOFF_SPEC.md): the contract, not the transport, says
-which trace a handoff belongs to.
+``instrument_app`` gives every HTTP request a server span whose parent comes from the request's
+W3C ``traceparent`` header: OpenTelemetry's ASGI middleware, named by the route template the
+metrics use (prometheus-fastapi-instrumentator's resolver). Not OpenTelemetry's FastAPI
+instrumentation: it also patches Starlette's ``BackgroundTask`` process-wide, which gives every
+streamed response's clean-up a root span of its own. Probes and ``/metrics`` are not traced. The
+AR→DiT handoff carries its trace context in the ``open`` frame instead (``traceparent``,
+shared/HANDOFF_SPEC.md): the contract, not the transport, says which trace a handoff belongs to.
 """
 
 from __future__ import annotations
@@ -27,11 +29,16 @@ from importlib.metadata import entry_points
 from fastapi import FastAPI
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from prometheus_fastapi_instrumentator.routing import get_route_name
+from starlette.requests import Request
+from starlette.types import Scope
+
+from services.http_metrics import HTTP_METHODS
 
 UNTRACED_PATHS = ("/healthz", "/readyz", "/metrics")
 _OTLP_BY_PROTOCOL = {"grpc": "otlp_proto_grpc", "http/protobuf": "otlp_proto_http"}
@@ -104,10 +111,25 @@ def otlp_traces_endpoint() -> str | None:
     return f"{base.rstrip('/')}/v1/traces" if _otlp_protocol() == "http/protobuf" else base
 
 
+def _server_span_details(scope: Scope) -> tuple[str, dict[str, str]]:
+    method = scope.get("method", "")
+    method = method if method in HTTP_METHODS else "HTTP"
+    route = get_route_name(Request(scope), should_include_root_path=False)
+    return (f"{method} {route}", {"http.route": route}) if route else (method, {})
+
+
 def instrument_app(app: FastAPI, untraced_paths: Iterable[str] = ()) -> None:
-    """A server span per HTTP request, except for ``UNTRACED_PATHS`` and ``untraced_paths``."""
+    """A server span per HTTP request, except for ``UNTRACED_PATHS`` and ``untraced_paths``.
+
+    Add it after the app's other middleware (outermost), so its span is current in all of them.
+    """
     excluded = ",".join(f"{re.escape(path)}$" for path in (*UNTRACED_PATHS, *untraced_paths))
-    FastAPIInstrumentor.instrument_app(app, excluded_urls=excluded, exclude_spans=["receive", "send"])
+    app.add_middleware(
+        OpenTelemetryMiddleware,
+        excluded_urls=excluded,
+        default_span_details=_server_span_details,
+        exclude_spans=["receive", "send"],
+    )
 
 
 def current_traceparent() -> str | None:
