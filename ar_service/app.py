@@ -104,7 +104,7 @@ def create_ar_app(settings: ArSettings, registry: CollectorRegistry | None = Non
             await asyncio.to_thread(engine.shutdown)
 
     app = create_app(
-        "ardit AR service", lifespan=lifespan, readiness=readiness.probe, registry=registry, http_metrics=metrics.http
+        "ardit AR service", lifespan=lifespan, readiness=readiness.probe, registry=registry, app_metrics=metrics.app
     )
     app.state.runtime = runtime
     admission = RequestAdmission(settings.max_concurrent_requests, settings.max_queued_requests, metrics)

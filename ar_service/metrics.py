@@ -17,7 +17,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from prometheus_client.metrics_core import Metric
 
 from ar_service.handoff_client import HandoffFailed
-from services.http_metrics import HttpMetrics
+from services.app_metrics import AppMetrics
 from services.metrics import HANDOFF_BUCKETS, LATENCY_BUCKETS, TOKEN_BUCKETS
 
 # The reason a handoff failed: a HandoffFailed's ``reason``, or the AR's own row buffer overflowing.
@@ -42,7 +42,7 @@ class VllmFamilies:
 
 class ArMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.http = HttpMetrics(registry, "ar")
+        self.app = AppMetrics(registry, "ar")
         self.requests = Counter(
             "ardit_ar_requests", "Image requests that reached generation, by outcome.", ["status"], registry=registry
         )

@@ -35,6 +35,7 @@ from shared.row_buffer_pool import RowBufferPool
 def create_dit_app(settings: DitSettings, registry: CollectorRegistry | None = None) -> FastAPI:
     registry = registry if registry is not None else new_registry()
     metrics = DitMetrics(registry, cuda_device=torch.device(settings.device))
+    metrics.pipeline_queue_capacity.set(settings.pipeline_queue_size)
     metrics.build_info.info(
         {
             "version": __version__,
@@ -91,7 +92,7 @@ def create_dit_app(settings: DitSettings, registry: CollectorRegistry | None = N
         lifespan=lifespan,
         readiness=state.readiness,
         registry=registry,
-        http_metrics=metrics.http,
+        app_metrics=metrics.app,
         untraced_paths=(HANDOFF_PATH,),
     )
     endpoint = HandoffEndpoint(

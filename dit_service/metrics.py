@@ -16,7 +16,7 @@ import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 import dit_service.errors  # noqa: F401  (defines the DiT's own HandoffError kinds, whose codes are reasons)
-from services.http_metrics import HttpMetrics
+from services.app_metrics import AppMetrics
 from services.metrics import LATENCY_BUCKETS
 from shared.errors import HandoffError
 from shared.frames import OutputFormat
@@ -49,7 +49,7 @@ async def waiting_for(slots: asyncio.Semaphore, waiting: Gauge) -> AsyncIterator
 
 class DitMetrics:
     def __init__(self, registry: CollectorRegistry, cuda_device: torch.device | None = None) -> None:
-        self.http = HttpMetrics(registry, "dit")
+        self.app = AppMetrics(registry, "dit")
         self.handoffs_in_flight = Gauge(
             "ardit_dit_handoffs_in_flight", "Handoffs whose frames are being received.", registry=registry
         )
@@ -81,6 +81,11 @@ class DitMetrics:
         )
         self.pipeline_queue_depth = Gauge(
             "ardit_dit_pipeline_queue_depth", "Completed handoffs waiting for a pipeline run.", registry=registry
+        )
+        self.pipeline_queue_capacity = Gauge(
+            "ardit_dit_pipeline_queue_capacity",
+            "Completed handoffs that may wait for a pipeline run (ARDIT_DIT_PIPELINE_QUEUE_SIZE).",
+            registry=registry,
         )
         self.queue_wait_seconds = Histogram(
             "ardit_dit_queue_wait_seconds", "Wait for a pipeline slot.", buckets=LATENCY_BUCKETS, registry=registry

@@ -2,8 +2,9 @@
 
 Each service passes a readiness probe (model loaded and warmed, peer reachable) and its routers;
 everything an operator relies on behaves the same on both: every response is counted by route,
-method and status and every error body by its code (``HttpMetrics``), and every request but the
-probes and ``untraced_paths`` gets a server span (``services.tracing``).
+method and status, every error body by its code, readiness is exported at each scrape
+(``AppMetrics``), and every request but the probes and ``untraced_paths`` gets a server span
+(``services.tracing``).
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from fastapi import FastAPI, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from services.app_metrics import AppMetrics
 from services.errors import install_error_handlers
-from services.http_metrics import HttpMetrics
 from services.request_context import RequestIdMiddleware
 from services.tracing import instrument_app
 
@@ -41,13 +42,13 @@ def create_app(
     lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None,
     readiness: ReadinessProbe,
     registry: CollectorRegistry,
-    http_metrics: HttpMetrics,
+    app_metrics: AppMetrics,
     untraced_paths: Iterable[str] = (),
 ) -> FastAPI:
     app = FastAPI(title=title, lifespan=lifespan)
-    install_error_handlers(app, http_metrics.count_error)
+    install_error_handlers(app, app_metrics.count_error)
     app.add_middleware(RequestIdMiddleware)
-    http_metrics.install(app)
+    app_metrics.install(app)
     instrument_app(app, untraced_paths)
 
     @app.get("/healthz", include_in_schema=False)
@@ -62,6 +63,7 @@ def create_app(
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:
+        app_metrics.ready.set(int((await readiness()).ready))
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return app

@@ -38,7 +38,7 @@ from prometheus_fastapi_instrumentator.routing import get_route_name
 from starlette.requests import Request
 from starlette.types import Scope
 
-from services.http_metrics import HTTP_METHODS
+from services.app_metrics import HTTP_METHODS
 
 UNTRACED_PATHS = ("/healthz", "/readyz", "/metrics")
 _OTLP_BY_PROTOCOL = {"grpc": "otlp_proto_grpc", "http/protobuf": "otlp_proto_http"}

@@ -117,7 +117,7 @@ async def stream_events(
             for event in serving.completed_events(body, gen, result):
                 yield sse(event)
     except ApiError as exc:
-        serving.metrics.http.count_error(exc)
+        serving.metrics.app.count_error(exc)
         yield f"data: {json.dumps(exc.body())}\n\n".encode()
 
 

@@ -12,9 +12,9 @@ from prometheus_client import CollectorRegistry
 from pydantic import BaseModel
 
 from services.app import Readiness, create_app
+from services.app_metrics import AppMetrics
 from services.auth import BearerAuth
 from services.errors import ApiError
-from services.http_metrics import HttpMetrics
 
 
 class Body(BaseModel):
@@ -27,7 +27,7 @@ async def ready() -> Readiness:
 
 def build_app() -> tuple[FastAPI, CollectorRegistry]:
     registry = CollectorRegistry()
-    app = create_app("test", lifespan=None, readiness=ready, registry=registry, http_metrics=HttpMetrics(registry, "t"))
+    app = create_app("test", lifespan=None, readiness=ready, registry=registry, app_metrics=AppMetrics(registry, "t"))
     keys = BearerAuth(["k"], what="API key", missing_code="missing_api_key", invalid_code="invalid_api_key")
 
     def check(request: Request) -> None:
@@ -99,3 +99,21 @@ def test_probes_and_scrapes_are_counted_too(served):
     client.get("/metrics")
     assert count(registry, "ardit_t_http_requests_total", route="/healthz", method="GET", status="200") == 1
     assert count(registry, "ardit_t_http_requests_total", route="/metrics", method="GET", status="200") == 1
+
+
+def test_readiness_is_exported_as_it_is_at_each_scrape():
+    registry = CollectorRegistry()
+    state = {"ready": False}
+
+    async def readiness() -> Readiness:
+        return Readiness(state["ready"], "ready" if state["ready"] else "loading")
+
+    app = create_app(
+        "test", lifespan=None, readiness=readiness, registry=registry, app_metrics=AppMetrics(registry, "t")
+    )
+    with TestClient(app) as client:
+        client.get("/metrics")
+        assert count(registry, "ardit_t_ready") == 0
+        state["ready"] = True
+        client.get("/metrics")
+        assert count(registry, "ardit_t_ready") == 1

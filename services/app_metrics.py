@@ -1,21 +1,23 @@
-"""Every HTTP response a service sends, by route template, method and status; every error body by its code.
+"""What every ardit app exports from the app factory: its HTTP responses, its error bodies, its readiness.
 
-The counting middleware is prometheus-fastapi-instrumentator's (pinned; vLLM's own server uses it):
-a pure ASGI middleware that resolves the route template the way FastAPI matches routes (including
-the router nodes FastAPI >= 0.116 nests under ``include_router``) and sees every response, also
-those that never reach a route handler: 404 for an unknown path, 401 from an auth dependency, 400
-from validation, 503 before readiness. Paths no route matches share the route label ``none`` and
-unknown methods the method label ``OTHER``, so a scanner cannot grow the label set.
+Every HTTP response is counted by route template, method and status by prometheus-fastapi-instrumentator's
+middleware (pinned; vLLM's own server uses it): a pure ASGI middleware that resolves the route template the
+way FastAPI matches routes (including the router nodes FastAPI >= 0.116 nests under ``include_router``) and
+sees every response, also those that never reach a route handler: 404 for an unknown path, 401 from an auth
+dependency, 400 from validation, 503 before readiness. Paths no route matches share the route label
+``none`` and unknown methods the method label ``OTHER``, so a scanner cannot grow the label set.
 
-OpenAI-shaped error bodies are counted where they are rendered (services/errors.py), by HTTP
-status and ``error.code`` — including errors that reach a client as an event of a stream that had
-already answered 200.
+OpenAI-shaped error bodies are counted where they are rendered (services/errors.py), by HTTP status and
+``error.code`` — including errors that reach a client as an event of a stream that had already answered 200.
+
+Readiness is what ``/readyz`` answers, evaluated at every scrape, so alerts see a service that is up but
+cannot serve.
 """
 
 from __future__ import annotations
 
 from fastapi import FastAPI
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_fastapi_instrumentator.metrics import Info
 from prometheus_fastapi_instrumentator.middleware import PrometheusInstrumentatorMiddleware
 
@@ -25,8 +27,8 @@ from services.metrics import LATENCY_BUCKETS
 HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 
-class HttpMetrics:
-    """The HTTP families of one service; ``service`` is its subsystem (``ar``, ``dit``)."""
+class AppMetrics:
+    """The app-level families of one service; ``service`` is its subsystem (``ar``, ``dit``)."""
 
     def __init__(self, registry: CollectorRegistry, service: str) -> None:
         self.requests = Counter(
@@ -46,6 +48,11 @@ class HttpMetrics:
             f"ardit_{service}_api_errors",
             "OpenAI-shaped error bodies sent, by HTTP status and error code.",
             ["status", "code"],
+            registry=registry,
+        )
+        self.ready = Gauge(
+            f"ardit_{service}_ready",
+            "1 when /readyz answers ready, else 0 (evaluated at each scrape).",
             registry=registry,
         )
 
