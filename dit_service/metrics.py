@@ -133,11 +133,13 @@ class DitMetrics:
             self.pipeline_failures.labels(reason)
         # Declared always (the README lists them), exported only when the pipeline is on CUDA.
         self.gpu_memory_allocated_bytes = Gauge(
-            "ardit_dit_gpu_memory_allocated_bytes", "GPU memory held by the pipeline's tensors.", registry=None
+            "ardit_dit_gpu_memory_allocated_bytes",
+            "GPU memory held by the pipeline's tensors (CUDA only).",
+            registry=None,
         )
         self.gpu_memory_reserved_bytes = Gauge(
             "ardit_dit_gpu_memory_reserved_bytes",
-            "GPU memory reserved by PyTorch's caching allocator (allocated plus cached).",
+            "GPU memory reserved by PyTorch's caching allocator, allocated plus cached (CUDA only).",
             registry=None,
         )
         if cuda_device is not None and cuda_device.type == "cuda":

@@ -31,7 +31,7 @@ from tests.deploy.dashboard import (
     metric_names,
     targets,
 )
-from tests.deploy.test_rules import ALERT_EXPR, RULE_FILES, rules
+from tests.deploy.prometheus_rules import ALERT_EXPR, RULE_FILES, rules
 from tests.support.ports import free_port
 
 pytestmark = pytest.mark.slow

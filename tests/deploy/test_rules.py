@@ -7,7 +7,6 @@ promtool comes with Debian's prometheus package (`make prometheus`; `make test` 
 from __future__ import annotations
 
 import fnmatch
-import re
 import shutil
 import subprocess
 from pathlib import Path, PurePosixPath
@@ -16,22 +15,9 @@ import pytest
 import yaml
 
 from tests.deploy.dashboard import ROOT
+from tests.deploy.prometheus_rules import ALERT_EXPR, RULE_FILES, RULES, rules
 
-RULES = ROOT / "deploy" / "prometheus" / "rules"
-RULE_FILES = sorted(RULES.glob("*.yml"))
 UNIT_TESTS = Path(__file__).with_name("rules_test.yml")
-# `<signal> <op> <number>`: the scrape test evaluates the signal against the running pair.
-ALERT_EXPR = re.compile(r"(?P<signal>.+?)\s*(?P<op>==|!=|>=|<=|>|<)\s*(?P<threshold>-?[0-9.]+(?:e-?[0-9]+)?)", re.S)
-
-
-def rules(kind: str) -> list[dict]:
-    return [
-        rule
-        for path in RULE_FILES
-        for group in yaml.safe_load(path.read_text())["groups"]
-        for rule in group["rules"]
-        if kind in rule
-    ]
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess[str]:
