@@ -79,6 +79,7 @@ def create_ar_app(settings: ArSettings, registry: CollectorRegistry | None = Non
     async def start_engine() -> None:
         try:
             await asyncio.to_thread(engine.start)
+            metrics.vllm.capture()
             # One tiny request runs the whole capture path once before traffic does.
             warm = EngineRequest(
                 engine_request_id=f"warmup:{secrets.token_hex(4)}", prompt_token_ids=prompts.build("warm up").token_ids

@@ -2,8 +2,8 @@
 
 vLLM's own engine families (``vllm:prefix_cache_queries``, ``vllm:prefix_cache_hits``,
 ``vllm:kv_cache_usage_perc``, ``vllm:time_to_first_token_seconds``, ...) live in
-prometheus_client's global registry; ``VllmFamilies`` re-exports them so one scrape of the AR
-service's ``/metrics`` has both.
+prometheus_client's global registry; ``VllmFamilies`` re-exports those of the running engine so one
+scrape of the AR service's ``/metrics`` has both.
 
 Labelled families whose label values are known up front start at zero for each value, so the
 first failure is an increase ``rate()`` and alerts can see, not a series appearing from nothing.
@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from ar_service.handoff_client import HandoffFailed
 from services.app_metrics import AppMetrics
@@ -32,19 +33,35 @@ def handoff_failure_reasons() -> list[str]:
 
 
 class VllmFamilies:
-    """Collector that yields the vLLM families from the global registry."""
+    """Collector of the vLLM families of this service's engine.
+
+    vLLM registers them in prometheus_client's global registry when its engine starts, and an engine
+    started later in the same process (a restart; in tests, a second engine) unregisters them for
+    its own. ``capture``, called once the engine is up, keeps that engine's collectors, so /metrics
+    shows the families the running engine updates.
+    """
+
+    def __init__(self) -> None:
+        self._collectors: list[Collector] = []
+
+    def capture(self) -> None:
+        # No public listing of a registry's collectors; vLLM's own unregister reads the same map.
+        registered = list(REGISTRY._collector_to_names)
+        self._collectors = [c for c in registered if getattr(c, "_name", "").startswith("vllm:")]
 
     def collect(self) -> Iterator[Metric]:
-        for family in REGISTRY.collect():
-            if family.name.startswith("vllm:"):
-                yield family
+        for collector in self._collectors:
+            yield from collector.collect()
 
 
 class ArMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.app = AppMetrics(registry, "ar")
         self.requests = Counter(
-            "ardit_ar_requests", "Image requests that reached generation, by outcome.", ["status"], registry=registry
+            "ardit_ar_requests",
+            "Validated image requests by outcome (error: refused at admission or failed).",
+            ["status"],
+            registry=registry,
         )
         for status in ("ok", "error"):
             self.requests.labels(status=status)
@@ -114,4 +131,5 @@ class ArMetrics:
         self.build_info = Info(
             "ardit_ar_build", "Version, model, dtype, device, conditioning, prefix caching.", registry=registry
         )
-        registry.register(VllmFamilies())
+        self.vllm = VllmFamilies()
+        registry.register(self.vllm)
