@@ -46,8 +46,8 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-# Unit and contract tests only (no engine, no pipeline): seconds.
-test-fast: $(STAMP)
+# Unit and contract tests only (no engine, no pipeline): seconds. The alert rules' unit tests need promtool.
+test-fast: $(STAMP) prometheus
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 bench: checkpoints

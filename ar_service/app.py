@@ -105,6 +105,7 @@ def create_ar_app(
         """Start and warm the engine, then watch it: an engine that fails or dies is fatal."""
         try:
             await asyncio.to_thread(engine.start)
+            metrics.vllm.capture()
             # One tiny request runs the whole capture path once before traffic does.
             warm = EngineRequest(
                 engine_request_id=f"warmup:{secrets.token_hex(4)}", prompt_token_ids=prompts.build("warm up").token_ids
@@ -152,9 +153,17 @@ def create_ar_app(
             body_timeout=settings.request_body_timeout_seconds,
             open_paths=("/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/redoc"),
             own_auth_prefixes=("/admin/",),
+            on_refusal=metrics.app.count_error,
         )
 
-    app = create_app("ardit AR service", lifespan=lifespan, readiness=readiness.probe, registry=registry, gate=gate)
+    app = create_app(
+        "ardit AR service",
+        lifespan=lifespan,
+        readiness=readiness.probe,
+        registry=registry,
+        app_metrics=metrics.app,
+        gate=gate,
+    )
     app.state.fatal = fatal
     app.state.runtime = runtime
     admission = RequestAdmission(settings.max_queued_requests, settings.max_queue_wait_seconds, metrics)

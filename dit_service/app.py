@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
+import torch
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
@@ -40,7 +41,8 @@ def create_dit_app(
 ) -> FastAPI:
     registry = registry if registry is not None else new_registry()
     fatal = fatal if fatal is not None else Fatal()
-    metrics = DitMetrics(registry)
+    metrics = DitMetrics(registry, cuda_device=torch.device(settings.device))
+    metrics.pipeline_queue_capacity.set(settings.pipeline_queue_size)
     metrics.build_info.info(
         {
             "version": __version__,
@@ -100,7 +102,15 @@ def create_dit_app(
             with contextlib.suppress(asyncio.CancelledError):
                 await loading
 
-    app = create_app("ardit DiT service", lifespan=lifespan, readiness=state.readiness, registry=registry)
+    # A handoff's trace context travels in its open frame (dit_service/handoff_trace.py), not in headers.
+    app = create_app(
+        "ardit DiT service",
+        lifespan=lifespan,
+        readiness=state.readiness,
+        registry=registry,
+        app_metrics=metrics.app,
+        untraced_paths=(HANDOFF_PATH,),
+    )
     app.state.fatal = fatal
     endpoint = HandoffEndpoint(
         handoff_auth(settings.handoff_token),

@@ -19,6 +19,7 @@ from starlette.requests import ClientDisconnect
 from dit_service.admission import AdmissionControl
 from dit_service.conditioning import Conditioning, ConditioningAdapters
 from dit_service.handoff_intake import HandoffIntake
+from dit_service.handoff_trace import HandoffTrace
 from dit_service.metrics import DitMetrics
 from dit_service.open_frame_policy import OpenFramePolicy
 from dit_service.pipeline_runner import RenderJob
@@ -71,6 +72,7 @@ class HandoffEndpoint:
             raise
 
     async def _handle(self, request: Request, started: float) -> Response:
+        first_byte_ns = time.time_ns()
         if not self._auth.enabled:
             # Fail closed: an unconfigured receiver must not accept hidden states from anyone.
             raise ApiError(
@@ -92,7 +94,12 @@ class HandoffEndpoint:
                 # Nobody is left to answer; the intake already released the rows and counted it.
                 return Response(status_code=499)
             ticket = self._admission.run_ticket()
-        job = RenderJob(request_id=frame.request_id, conditioning=conditioning, params=frame.diffusion)
+        job = RenderJob(
+            request_id=frame.request_id,
+            conditioning=conditioning,
+            params=frame.diffusion,
+            trace=HandoffTrace.received(frame, first_byte_ns),
+        )
         return services.results.respond(job, ticket, started, handoff_seconds=time.monotonic() - started)
 
     async def _receive(self, request: Request, services: HandoffServices) -> tuple[OpenFrame, Conditioning]:

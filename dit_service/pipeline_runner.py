@@ -11,12 +11,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from prometheus_client import Histogram
 
 from dit_service.conditioning import Conditioning
+from dit_service.handoff_trace import HandoffTrace
 from dit_service.image_encoder import ImageEncoder
 from dit_service.latent_decoder import LatentDecoder
 from dit_service.metrics import DitMetrics
@@ -33,6 +35,7 @@ class RenderJob:
     request_id: str
     conditioning: Conditioning
     params: DiffusionParams
+    trace: HandoffTrace = field(default_factory=HandoffTrace)
 
 
 @dataclass
@@ -50,7 +53,12 @@ class RenderCancelled(Exception):
 
 
 class _StepCallback:
-    """``callback_on_step_end``: stops an abandoned run, reports progress, takes the previews."""
+    """``callback_on_step_end``: times each step, stops an abandoned run, reports progress, takes the
+    scheduled previews.
+
+    A step is timed from the end of the previous callback (so preview work is not counted) to the
+    start of this one; the first from the callback's creation, just before the pipeline call.
+    """
 
     def __init__(
         self,
@@ -59,16 +67,20 @@ class _StepCallback:
         on_preview: Callable[[int, torch.Tensor], None],
         on_step: Callable[[int], None],
         cancel: threading.Event,
+        step_seconds: Histogram,
     ) -> None:
         self._previous = initial_latents
         self._previews = previews
         self._on_preview = on_preview
         self._on_step = on_step
         self._cancel = cancel
+        self._step_seconds = step_seconds
+        self._step_started = time.perf_counter()
 
     def __call__(
         self, pipeline: Pipeline, step: int, timestep: torch.Tensor, tensors: dict[str, torch.Tensor]
     ) -> dict[str, torch.Tensor]:
+        self._step_seconds.observe(time.perf_counter() - self._step_started)
         latents = tensors["latents"]
         if self._cancel.is_set():
             # The documented way to stop a diffusers loop: remaining steps are skipped.
@@ -80,6 +92,7 @@ class _StepCallback:
             clean = clean_latent_estimate(self._previous, latents, float(sigmas[step]), float(sigmas[step + 1]))
             self._on_preview(step, clean)
         self._previous = latents
+        self._step_started = time.perf_counter()
         return {}
 
 
@@ -168,26 +181,29 @@ class PipelineRunner:
             emit(ProgressFrame(request_id=job.request_id, step=done, steps=steps * params.num_images))
 
         previews = preview_steps(steps, params.partial_images)
-        callback = _StepCallback(latents, previews, on_preview, on_step, cancel)
+        callback = _StepCallback(latents, previews, on_preview, on_step, cancel, self._metrics.denoise_step_seconds)
         started = time.perf_counter()
-        final_latents = pipeline(
-            height=params.height,
-            width=params.width,
-            num_inference_steps=params.num_inference_steps,
-            latents=latents,
-            output_type="latent",
-            callback_on_step_end=callback,
-            callback_on_step_end_tensor_inputs=["latents"],
-            **inputs,
-        ).images
+        with job.trace.stage("denoise", image_index=index, steps=params.num_inference_steps):
+            final_latents = pipeline(
+                height=params.height,
+                width=params.width,
+                num_inference_steps=params.num_inference_steps,
+                latents=latents,
+                output_type="latent",
+                callback_on_step_end=callback,
+                callback_on_step_end_tensor_inputs=["latents"],
+                **inputs,
+            ).images
         denoise = time.perf_counter() - started - preview_seconds
         if cancel.is_set():
             raise RenderCancelled()
 
         started = time.perf_counter()
-        image = self._decoder.decode(final_latents, params.height, params.width)
+        with job.trace.stage("vae_decode", image_index=index):
+            image = self._decoder.decode(final_latents, params.height, params.width)
         decoded = time.perf_counter()
-        data = self._encoder.encode(image, params.output_format, params.output_compression)
+        with job.trace.stage("encode", image_index=index, format=params.output_format):
+            data = self._encoder.encode(image, params.output_format, params.output_compression)
         encoded = time.perf_counter()
 
         timings.denoise += denoise
@@ -198,6 +214,7 @@ class PipelineRunner:
         self._metrics.vae_decode_seconds.observe(decoded - started)
         self._metrics.encode_seconds.observe(encoded - decoded)
         self._metrics.images.labels(params.output_format).inc()
+        self._metrics.image_pixels.observe(image.width * image.height)
         emit(
             ImageFrame(
                 request_id=job.request_id,

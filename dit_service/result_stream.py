@@ -25,7 +25,7 @@ from starlette.background import BackgroundTask
 from starlette.responses import StreamingResponse
 
 from dit_service.admission import RunTicket
-from dit_service.metrics import DitMetrics
+from dit_service.metrics import DitMetrics, waiting_for
 from dit_service.pipeline_runner import EmitResult, PipelineRunner, RenderCancelled, RenderJob, RenderTimings
 from services.fatal import Fatal
 from shared.result_frames import (
@@ -132,9 +132,10 @@ class ResultStream:
         waited = time.monotonic()
         timings, queue_seconds = None, 0.0
         try:
-            async with self._run_slots:
+            async with waiting_for(self._run_slots, metrics.pipeline_queue_depth):
                 queue_seconds = time.monotonic() - waited
                 metrics.queue_wait_seconds.observe(queue_seconds)
+                job.trace.queued(queue_seconds)
                 if cancel.is_set():
                     raise RenderCancelled()
                 metrics.pipeline_runs_in_flight.inc()
@@ -160,6 +161,7 @@ class ResultStream:
                 self._fatal.trigger(f"the pipeline failed {self._failures_in_a_row} runs in a row")
         finally:
             ticket.release()
+            job.trace.end(finished=timings is not None)
             queue.put_nowait(_RunEnded(timings, queue_seconds))
 
     @staticmethod

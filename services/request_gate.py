@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.auth import BearerAuth
-from services.errors import ApiError
+from services.errors import ApiError, ErrorObserver
 
 
 class RequestGate:
@@ -30,14 +30,17 @@ class RequestGate:
         body_timeout: float,
         open_paths: Iterable[str],
         own_auth_prefixes: Iterable[str] = (),
+        on_refusal: ErrorObserver,
     ) -> None:
-        """``open_paths`` need no key (probes, metrics); ``own_auth_prefixes`` check their own token."""
+        """``open_paths`` need no key (probes, metrics); ``own_auth_prefixes`` check their own token;
+        ``on_refusal`` sees every refusal (the service's error counter)."""
         self.app = app
         self._auth = auth
         self._max_body = max_body_bytes
         self._timeout = body_timeout
         self._open = frozenset(open_paths)
         self._own_auth = tuple(own_auth_prefixes)
+        self._on_refusal = on_refusal
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -49,6 +52,7 @@ class RequestGate:
                 self._auth.check(_header(scope, b"authorization"))
             body = await self._read_body(scope, receive)
         except ApiError as refused:
+            self._on_refusal(refused)
             await refused.response()(scope, receive, send)
             return
         await self.app(scope, _replay(body, receive), send)

@@ -27,6 +27,10 @@ NonNegInt = Annotated[int, Field(ge=0)]
 PosInt = Annotated[int, Field(gt=0)]
 RequestId = Annotated[str, Field(min_length=1, max_length=128)]
 Checksum = Annotated[str, Field(pattern=r"^[0-9a-f]{16}$")]
+# W3C Trace Context: version-traceid-parentid-flags in lowercase hex; later versions may append fields.
+TraceParent = Annotated[
+    str, Field(max_length=512, pattern=r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}(-[\x21-\x7e]+)?$")
+]
 
 
 def _whole_token_ids(data: bytes) -> bytes:
@@ -92,6 +96,9 @@ class OpenFrame(_Model):
     # "cond" is required; "uncond" present means a CFG negative stream follows.
     streams: dict[StreamName, StreamSpec]
     diffusion: DiffusionParams
+    # The W3C traceparent of the sender's handoff span: the receiver's spans join the sender's
+    # trace. Optional (added within version 2); absent when the sender does not trace.
+    traceparent: TraceParent | None = None
 
 
 class RowsFrame(_Model):

@@ -151,6 +151,7 @@ async def stream_events(
             for event in serving.completed_events(body, gen, result):
                 yield sse(event)
     except ApiError as exc:
+        serving.metrics.app.count_error(exc)
         yield ServerSentEvent(event="error", data=json.dumps(exc.body()))
     finally:
         ticket.release()

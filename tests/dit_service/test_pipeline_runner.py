@@ -149,3 +149,19 @@ def test_cancel_stops_at_the_next_denoising_step(runner, tiny_model):
     assert [type(f) for f in frames] == [PartialImageFrame]
     assert len(steps_run) == 6
     assert not any(isinstance(f, ImageFrame) for f in frames)
+
+
+def test_every_denoising_step_is_timed_and_every_image_sized(tiny_model):
+    metrics = DitMetrics(CollectorRegistry())
+    runner = PipelineRunner(tiny_model, LatentDecoder(tiny_model), ImageEncoder(), metrics)
+    job = RenderJob("r", conditioning(), params(num_inference_steps=3, num_images=2, partial_images=1, width=48))
+    denoise_started = metrics.denoise_seconds._sum.get()
+    render(runner, job)
+    steps = metrics.denoise_step_seconds.collect()[0]
+    [count] = [s.value for s in steps.samples if s.name.endswith("_count")]
+    [step_sum] = [s.value for s in steps.samples if s.name.endswith("_sum")]
+    assert count == 3 * 2
+    # Steps add up to no more than the denoising loops, previews left out of both.
+    assert 0 < step_sum <= metrics.denoise_seconds._sum.get() - denoise_started
+    pixels_of = {s.labels.get("le"): s.value for s in metrics.image_pixels.collect()[0].samples}
+    assert pixels_of["65536.0"] == 2  # two 48x32 images, in the smallest bucket

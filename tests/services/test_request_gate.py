@@ -11,6 +11,7 @@ import pytest
 from fastapi import FastAPI, Request
 
 from services.app import Readiness, create_app
+from services.app_metrics import AppMetrics
 from services.auth import BearerAuth
 from services.metrics import new_registry
 from services.request_gate import RequestGate
@@ -25,11 +26,14 @@ def build() -> FastAPI:
         return Readiness(True, "ready")
 
     auth = BearerAuth([KEY], what="API key", missing_code="missing_api_key", invalid_code="invalid_api_key")
+    registry = new_registry()
+    metrics = AppMetrics(registry, "gate")
     app = create_app(
         "gate test",
         lifespan=None,
         readiness=ready,
-        registry=new_registry(),
+        registry=registry,
+        app_metrics=metrics,
         gate=lambda inner: RequestGate(
             inner,
             auth=auth,
@@ -37,6 +41,7 @@ def build() -> FastAPI:
             body_timeout=0.5,
             open_paths=("/healthz",),
             own_auth_prefixes=("/admin/",),
+            on_refusal=metrics.count_error,
         ),
     )
 
