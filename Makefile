@@ -11,7 +11,7 @@ DIT_DIR := $(ARDIT_CACHE_DIR)/models/qwen-image-tiny
 PYTEST_ARGS ?=
 PIP_VERSION := 26.3
 
-.PHONY: setup checkpoints run test test-fast prometheus bench clean
+.PHONY: setup checkpoints run test test-fast prometheus bench clean podman image test-containers
 
 setup: $(STAMP)
 
@@ -46,6 +46,22 @@ test: checkpoints prometheus
 # Unit and contract tests only (no engine, no pipeline): seconds.
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+# Containers without a Docker engine or public registries: podman from Debian's packages, with the settings
+# these sandboxed machines need (deploy/podman/containers.conf); images from Debian-made bases.
+export CONTAINERS_CONF ?= $(CURDIR)/deploy/podman/containers.conf
+podman:
+	@command -v podman >/dev/null && command -v mmdebstrap >/dev/null && command -v runc >/dev/null \
+		|| (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q podman runc iptables mmdebstrap)
+
+# ardit:cpu and ardit-prometheus:bookworm (IMAGES=gpu for the GPU image; it is not run here).
+IMAGES ?= cpu prometheus
+image: podman
+	deploy/docker/build_image.sh $(IMAGES)
+
+# The CPU compose stack in real containers (tests/deploy/test_compose_stack.py).
+test-containers: checkpoints image
+	$(PY) -m pytest -m containers tests/deploy/test_compose_stack.py $(PYTEST_ARGS)
 
 bench: checkpoints
 	$(PY) benchmarks/handoff_codec.py

@@ -10,7 +10,14 @@ import re
 import sys
 
 PYPROJECT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "pyproject.toml")
-COMPARE = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt, "==": operator.eq, "!=": operator.ne}
+COMPARE = {
+    ">=": operator.ge,
+    "<=": operator.le,
+    ">": operator.gt,
+    "<": operator.lt,
+    "==": operator.eq,
+    "!=": operator.ne,
+}
 
 
 def requires_python():
@@ -33,11 +40,12 @@ def main():
         return 0
     lowest = re.search(r">=\s*([\d.]+)", spec)
     use = "python" + lowest.group(1) if lowest else "a Python that matches " + spec
+    found = ".".join(str(part) for part in sys.version_info[:3])
+    # %-formatting and no unpacking: this must run on whatever old Python the machine has.
     sys.stderr.write(
-        "ardit needs Python %s (pyproject.toml requires-python); %s is %d.%d.%d.\n"
-        "Install %s (Debian/Ubuntu: apt-get install %s python%s-venv; or pyenv/uv), then run make again, "
-        "or point make at it: make PYTHON=/path/to/%s ...\n"
-        % ((spec, sys.executable) + tuple(sys.version_info[:3]) + (use, use, use[len("python"):], use))
+        "ardit needs Python %s (pyproject.toml requires-python); %s is %s.\n"  # noqa: UP031
+        "Install %s (Debian/Ubuntu: apt-get install %s %s-venv; or pyenv/uv), then run make again, "
+        "or point make at it: make PYTHON=/path/to/%s ...\n" % (spec, sys.executable, found, use, use, use, use)
     )
     return 1
 

@@ -17,8 +17,10 @@ torch_pin=$(sed -n 's/^torch==//p' "$root/requirements.txt")
 torch_cpu_index=${ARDIT_TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}
 
 # Short timeout, one retry: an unreachable source fails the probe in seconds instead of pip's default minutes.
+# Only the sources' list counts (not an INSTALLED line).
 torch_reachable() {
-    "$python" -m pip index versions torch --timeout 10 --retries 1 "$@" 2>/dev/null | grep -q -F "$torch_pin"
+    "$python" -m pip index versions torch --timeout 10 --retries 1 "$@" 2>/dev/null \
+        | grep '^Available versions:' | tr -d ' ' | tr ':,' '\n\n' | grep -q -x -F "$torch_pin"
 }
 
 extra_index=
