@@ -80,7 +80,7 @@ def send_traffic(stack: Stack) -> int:
         httpx.post(f"{stack.api_base}/images/generations", json=IMAGE_REQUESTS[0]),  # no API key
         httpx.post(f"{stack.api_base}/images/generations", headers=AUTH, json={"prompt": 7}),
         httpx.get(f"{stack.api_base}/models/no-such-model", headers=AUTH),
-        httpx.get(f"{stack.ar.url}/no/such/path"),
+        httpx.get(f"{stack.ar.url}/no/such/path", headers=AUTH),
         httpx.post(f"{stack.dit.url}/v1/handoff", content=b""),  # no handoff token
     ]
     assert [r.status_code for r in refused] == [401, 400, 404, 404, 401]
