@@ -137,6 +137,9 @@ def create_ar_app(
             body_timeout=settings.request_body_timeout_seconds,
             open_paths=("/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/redoc"),
             own_auth_prefixes=("/admin/",),
+            # A response_format=url link is a capability: its unguessable id is the credential.
+            open_get_prefixes=("/v1/images/",),
+            path_body_bytes={"/v1/images/edits": settings.max_edit_body_bytes},
         )
 
     app = create_app("ardit AR service", lifespan=lifespan, readiness=readiness.probe, registry=registry, gate=gate)
@@ -144,7 +147,11 @@ def create_ar_app(
     app.state.runtime = runtime
     admission = RequestAdmission(settings.max_queued_requests, settings.max_queue_wait_seconds, metrics)
     serving = ImageServing(
-        settings, generator, ImageStore(settings.image_store_size, settings.image_ttl_seconds), metrics, readiness
+        settings,
+        generator,
+        ImageStore(settings.image_store_size, settings.image_store_bytes, settings.image_ttl_seconds),
+        metrics,
+        readiness,
     )
     app.include_router(build_router(serving, admission))
 

@@ -14,12 +14,13 @@ from dataclasses import dataclass, field
 
 from ar_service.engine.hidden_state_engine import EngineRequest, HiddenStateEngine
 from ar_service.engine.row_channel import RowQueueOverflow
-from ar_service.handoff_body import HandoffBody
+from ar_service.handoff_body import NO_PIXELS, HandoffBody
 from ar_service.handoff_client import HandoffClient, HandoffFailed, PartialImageSink, RenderResult
+from ar_service.input_images import EditPixels
 from ar_service.metrics import ArMetrics
 from ar_service.prompt_builder import BuiltPrompt, PromptBuilder
 from ar_service.settings import ArSettings
-from shared.frames import DiffusionParams, OpenFrame, StreamName, StreamSpec
+from shared.frames import DiffusionParams, EditSpec, OpenFrame, PixelRole, StreamName, StreamSpec
 from shared.handoff_encoder import HandoffEncoder
 from shared.result_frames import ImageFrame
 from shared.tensor_codec import wire_dtype
@@ -28,6 +29,21 @@ log = logging.getLogger("ardit.ar.generation")
 
 # The public parameter each stream's text comes from.
 _PUBLIC_PARAM: dict[StreamName, str] = {"cond": "prompt", "uncond": "negative_prompt"}
+
+
+@dataclass(frozen=True)
+class EditInput:
+    """An edit: what the open frame announces, and the pixels that follow it."""
+
+    spec: EditSpec
+    pixels: EditPixels
+
+    @property
+    def frames(self) -> dict[PixelRole, bytes]:
+        frames: dict[PixelRole, bytes] = {"image": self.pixels.image}
+        if self.pixels.mask is not None:
+            frames["mask"] = self.pixels.mask
+        return frames
 
 
 @dataclass(frozen=True)
@@ -41,6 +57,7 @@ class GenerationRequest:
     max_new_tokens: int = 1
     cache_salt: str | None = None
     received_at: float = field(default_factory=time.perf_counter)
+    edit: EditInput | None = None
 
 
 @dataclass(frozen=True)
@@ -95,7 +112,13 @@ class ImageGenerator:
         }
         encoder = HandoffEncoder(self._open_frame(request, prompts, engine_requests))
         runs = {name: self._engine.run(r) for name, r in engine_requests.items()}
-        body = HandoffBody(encoder, runs, overlap=self._settings.overlap_handoff, received_at=request.received_at)
+        body = HandoffBody(
+            encoder,
+            runs,
+            overlap=self._settings.overlap_handoff,
+            received_at=request.received_at,
+            pixels=request.edit.frames if request.edit is not None else NO_PIXELS,
+        )
         self._metrics.handoffs_in_flight.inc()
         try:
             async with body:
@@ -154,6 +177,7 @@ class ImageGenerator:
                 for name, prompt in prompts.items()
             },
             diffusion=request.diffusion,
+            edit=request.edit.spec if request.edit is not None else None,
         )
 
     def _result(self, request: GenerationRequest, body: HandoffBody, result: RenderResult) -> GenerationResult:

@@ -96,7 +96,7 @@ class ResultStream:
         started: float,
         handoff_seconds: float,
     ) -> AsyncIterator[bytes]:
-        total = job.params.num_inference_steps * job.params.num_images
+        total = job.denoising_steps * job.params.num_images
         progress = ProgressFrame(request_id=job.request_id, step=0, steps=total)
         last_sent = time.monotonic()
         try:
