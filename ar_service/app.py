@@ -52,6 +52,8 @@ class ArRuntime:
     generator: ImageGenerator
     readiness: ArReadiness
     metrics: ArMetrics
+    admission: RequestAdmission
+    serving: ImageServing
 
 
 # How often a running engine is checked for death; readiness turns 503 within this.
@@ -77,7 +79,15 @@ def create_ar_app(
     dit = HandoffClient(dit_http, token, settings.dit_timeout_seconds)
     generator = ImageGenerator(settings, engine, prompts, dit, metrics)
     readiness = ArReadiness(DitPeer(dit_http, hidden_size=engine.shape.hidden_size, conditioning=settings.conditioning))
-    runtime = ArRuntime(settings, engine, prompts, generator, readiness, metrics)
+    admission = RequestAdmission(settings.max_queued_requests, settings.max_queue_wait_seconds, metrics)
+    serving = ImageServing(
+        settings,
+        generator,
+        ImageStore(settings.image_store_size, settings.image_store_bytes, settings.image_ttl_seconds),
+        metrics,
+        readiness,
+    )
+    runtime = ArRuntime(settings, engine, prompts, generator, readiness, metrics, admission, serving)
     metrics.build_info.info(
         {
             "version": __version__,
@@ -145,14 +155,6 @@ def create_ar_app(
     app = create_app("ardit AR service", lifespan=lifespan, readiness=readiness.probe, registry=registry, gate=gate)
     app.state.fatal = fatal
     app.state.runtime = runtime
-    admission = RequestAdmission(settings.max_queued_requests, settings.max_queue_wait_seconds, metrics)
-    serving = ImageServing(
-        settings,
-        generator,
-        ImageStore(settings.image_store_size, settings.image_store_bytes, settings.image_ttl_seconds),
-        metrics,
-        readiness,
-    )
     app.include_router(build_router(serving, admission))
 
     admin = BearerAuth(
