@@ -2,14 +2,13 @@
 
 A URL names an unguessable random id (144 bits) and is a capability: whoever holds it may fetch
 the image without an API key (as with OpenAI's own image URLs). The store is cachetools' TTL
-cache, sized in bytes: each image is charged its size, but at least ``max_bytes / capacity``, so
-the store never holds more than ``capacity`` images nor more than ``max_bytes`` bytes. When full,
-the least recently used image goes first; an expired id is simply not found.
+cache sized in bytes (each image is charged its length), holding at most ``capacity`` images:
+when either bound is reached, the least recently used image goes first. An expired id is simply
+not found.
 """
 
 from __future__ import annotations
 
-import math
 import secrets
 from dataclasses import dataclass
 
@@ -35,9 +34,9 @@ class ImageTooLargeForStore(ValueError):
 class ImageStore:
     def __init__(self, capacity: int, max_bytes: int, ttl_seconds: float) -> None:
         self.max_bytes = max_bytes
-        least = math.ceil(max_bytes / capacity)
+        self._capacity = capacity
         self._images: TTLCache[str, StoredImage] = TTLCache(
-            maxsize=max_bytes, ttl=ttl_seconds, getsizeof=lambda image: max(len(image.data), least)
+            maxsize=max_bytes, ttl=ttl_seconds, getsizeof=lambda image: len(image.data)
         )
 
     def put(self, data: bytes, output_format: str) -> str:
@@ -45,6 +44,9 @@ class ImageStore:
         if len(data) > self.max_bytes:
             raise ImageTooLargeForStore(f"an image of {len(data)} bytes is over the store's {self.max_bytes}")
         image_id = f"img_{secrets.token_urlsafe(18)}"
+        self._images.expire()
+        while len(self._images) >= self._capacity:
+            self._images.popitem()
         self._images[image_id] = StoredImage(data, output_format)
         return f"{image_id}.{output_format}"
 

@@ -25,6 +25,7 @@ from ar_service.api.protocol import (
     CompletedEvent,
     EventPrefix,
     ImageData,
+    ImageEditRequest,
     ImageRequest,
     ImagesResponse,
     InputTokensDetails,
@@ -173,8 +174,7 @@ class ImageServing:
             OutputSize(requested, limits.size_multiple, limits.max_pixels),
             self.settings.max_edit_input_pixels,
         )
-        strength = body.strength if body.strength is not None else STRENGTH_BY_FIDELITY[body.input_fidelity or "low"]
-        edit = EditInput(EditSpec(strength=float(strength), mask=pixels.mask is not None), pixels)
+        edit = EditInput(EditSpec(strength=edit_strength(body), mask=pixels.mask is not None), pixels)
         gen = self.to_generation(body, request_id, received_at, capabilities, edit)
         return gen, capabilities.capacity.max_outstanding
 
@@ -349,6 +349,11 @@ class ImageServing:
             )
             for image in _in_order(result.images)
         ]
+
+
+def edit_strength(body: ImageEditRequest) -> float:
+    """``strength`` as given, else the one ``input_fidelity`` implies."""
+    return float(body.strength if body.strength is not None else STRENGTH_BY_FIDELITY[body.input_fidelity or "low"])
 
 
 def usage(result: GenerationResult) -> Usage:
