@@ -1,7 +1,7 @@
 """An image edit as the runner takes it: the image, its mask, the strength, and what they imply.
 
 Strength is diffusers' img2img strength: of a ``num_inference_steps`` schedule, the last
-``denoising_steps`` (⌈steps × strength⌉) run, starting from the input noised to where they begin.
+``denoising_steps`` (ceil(steps * strength)) run, starting from the input noised to where they begin.
 Strength 0 runs none: the answer is the input through the VAE and back.
 With a mask, only its nonzero pixels are repainted; every other pixel of the answer is the
 input's own (diffusers' ``apply_overlay``), whatever the VAE does to it.

@@ -62,6 +62,7 @@ class _EditLatents:
 class RenderTimings:
     """Seconds summed over a job's images. Preview work happens inside denoising but is kept apart."""
 
+    vae_encode: float = 0.0  # an edit's image, once per job
     denoise: float = 0.0
     vae_decode: float = 0.0
     encode: float = 0.0
@@ -134,7 +135,9 @@ class PipelineRunner:
     def render(self, job: RenderJob, emit: EmitResult, cancel: threading.Event) -> RenderTimings:
         timings = RenderTimings()
         inputs = self._pipeline_inputs(job.conditioning, job.params.guidance_scale)
+        started = time.perf_counter()
         edit_latents = self._edit_latents(job.edit) if job.edit is not None else None
+        timings.vae_encode = time.perf_counter() - started
         for index in range(job.params.num_images):
             if cancel.is_set():
                 raise RenderCancelled()

@@ -175,6 +175,7 @@ class ResultStream:
             timings={
                 "handoff": handoff_seconds,
                 "queue": ended.queue_seconds,
+                "vae_encode": timings.vae_encode,
                 "denoise": timings.denoise,
                 "previews": timings.previews,
                 "vae_decode": timings.vae_decode,

@@ -74,13 +74,13 @@ async def read_edit_form(request: Request) -> EditForm:
             param="markup",
             code="unsupported_value",
         )
-    for name in files:
-        if name in fields or name not in ImageEditRequest.model_fields:
+    for name in files:  # a file part under any other name
+        if name not in ImageEditRequest.model_fields:
             raise ApiError(400, f"Unknown parameter: '{name}'.", param=name, code="unknown_parameter")
         raise ApiError(400, f"{name} is a form field, not a file", param=name, code="invalid_value")
-    for name in FILE_PARTS:
+    for name in ("image", "mask", "markup"):  # ``image[]`` as text lands under "image" too (``_put``)
         if name in fields:
-            raise ApiError(400, f"{name} must be sent as a file", param=name.removesuffix("[]"), code="invalid_value")
+            raise ApiError(400, f"{name} must be sent as a file", param=name, code="invalid_value")
     if not images:
         raise ApiError(400, "image is required: the image to edit", param="image", code="missing_required_parameter")
     if len(images) > MAX_IMAGES:
