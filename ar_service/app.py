@@ -51,6 +51,8 @@ class ArRuntime:
     generator: ImageGenerator
     readiness: ArReadiness
     metrics: ArMetrics
+    admission: RequestAdmission
+    serving: ImageServing
 
 
 # How often a running engine is checked for death; readiness turns 503 within this.
@@ -85,7 +87,15 @@ def create_ar_app(
     )
     generator = ImageGenerator(settings, engine, prompts, dits, metrics)
     readiness = ArReadiness(dits)
-    runtime = ArRuntime(settings, engine, prompts, generator, readiness, metrics)
+    admission = RequestAdmission(settings.max_queued_requests, settings.max_queue_wait_seconds, metrics)
+    serving = ImageServing(
+        settings,
+        generator,
+        ImageStore(settings.image_store_size, settings.image_store_bytes, settings.image_ttl_seconds),
+        metrics,
+        readiness,
+    )
+    runtime = ArRuntime(settings, engine, prompts, generator, readiness, metrics, admission, serving)
     metrics.build_info.info(
         {
             "version": __version__,
@@ -154,6 +164,9 @@ def create_ar_app(
             open_paths=("/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/redoc"),
             own_auth_prefixes=("/admin/",),
             on_refusal=metrics.app.count_error,
+            # A response_format=url link is a capability: its unguessable id is the credential.
+            open_get_prefixes=("/v1/images/",),
+            path_body_bytes={"/v1/images/edits": settings.max_edit_body_bytes},
         )
 
     app = create_app(
@@ -166,10 +179,6 @@ def create_ar_app(
     )
     app.state.fatal = fatal
     app.state.runtime = runtime
-    admission = RequestAdmission(settings.max_queued_requests, settings.max_queue_wait_seconds, metrics)
-    serving = ImageServing(
-        settings, generator, ImageStore(settings.image_store_size, settings.image_ttl_seconds), metrics, readiness
-    )
     app.include_router(build_router(serving, admission))
 
     admin = BearerAuth(

@@ -18,13 +18,14 @@ from opentelemetry.trace import SpanKind
 
 from ar_service.engine.hidden_state_engine import EngineRequest, HiddenStateEngine
 from ar_service.engine.row_channel import RowQueueOverflow
-from ar_service.handoff_body import HandoffBody
+from ar_service.handoff_body import NO_PIXELS, HandoffBody
 from ar_service.handoff_client import HandoffFailed, PartialImageSink, RenderResult
+from ar_service.input_images import EditPixels
 from ar_service.metrics import ROW_BUFFER_OVERFLOW, ArMetrics
 from ar_service.prompt_builder import BuiltPrompt, PromptBuilder
 from ar_service.settings import ArSettings
 from services.tracing import current_traceparent
-from shared.frames import DiffusionParams, OpenFrame, StreamName, StreamSpec
+from shared.frames import DiffusionParams, EditSpec, OpenFrame, PixelRole, StreamName, StreamSpec
 from shared.handoff_encoder import HandoffEncoder
 from shared.result_frames import ImageFrame
 from shared.tensor_codec import wire_dtype
@@ -45,6 +46,21 @@ class DitRenderer(Protocol):
 
 
 @dataclass(frozen=True)
+class EditInput:
+    """An edit: what the open frame announces, and the pixels that follow it."""
+
+    spec: EditSpec
+    pixels: EditPixels
+
+    @property
+    def frames(self) -> dict[PixelRole, bytes]:
+        frames: dict[PixelRole, bytes] = {"image": self.pixels.image}
+        if self.pixels.mask is not None:
+            frames["mask"] = self.pixels.mask
+        return frames
+
+
+@dataclass(frozen=True)
 class GenerationRequest:
     request_id: str
     prompt: str
@@ -55,6 +71,7 @@ class GenerationRequest:
     max_new_tokens: int = 1
     cache_salt: str | None = None
     received_at: float = field(default_factory=time.perf_counter)
+    edit: EditInput | None = None
 
 
 @dataclass(frozen=True)
@@ -113,7 +130,13 @@ class ImageGenerator:
         ) as span:
             encoder = HandoffEncoder(self._open_frame(request, prompts, engine_requests))
             runs = {name: self._engine.run(r) for name, r in engine_requests.items()}
-            body = HandoffBody(encoder, runs, overlap=self._settings.overlap_handoff, received_at=request.received_at)
+            body = HandoffBody(
+                encoder,
+                runs,
+                overlap=self._settings.overlap_handoff,
+                received_at=request.received_at,
+                pixels=request.edit.frames if request.edit is not None else NO_PIXELS,
+            )
             self._metrics.handoffs_in_flight.inc()
             try:
                 async with body:
@@ -181,6 +204,7 @@ class ImageGenerator:
             },
             diffusion=request.diffusion,
             traceparent=current_traceparent(),
+            edit=request.edit.spec if request.edit is not None else None,
         )
 
     def _result(self, request: GenerationRequest, body: HandoffBody, result: RenderResult) -> GenerationResult:

@@ -109,7 +109,14 @@ class ArSettings(BaseSettings):
         None, description="Enables /admin/* (prefix cache reset) with this bearer; unset or empty: no /admin/*."
     )
     max_request_body_bytes: Annotated[int, Field(gt=0)] = Field(
-        1 << 20, description="Largest request body; larger is a 413 before it is parsed."
+        1 << 20, description="Largest request body (edits: the next setting); larger is a 413 before it is parsed."
+    )
+    max_edit_body_bytes: Annotated[int, Field(gt=0)] = Field(
+        64 << 20,
+        description="Largest /v1/images/edits body (images, mask, fields); held in memory while it is read.",
+    )
+    max_edit_input_pixels: Annotated[int, Field(gt=0)] = Field(
+        4096 * 4096, description="Largest width*height of an uploaded image or mask, checked before decoding it."
     )
     request_body_timeout_seconds: Annotated[float, Field(gt=0)] = Field(
         10.0, description="A request body must arrive within this, or the answer is 408."
@@ -124,6 +131,9 @@ class ArSettings(BaseSettings):
         10.0, description="Keep-alive comment interval on event streams, so proxies do not cut a silent render."
     )
     image_store_size: Annotated[int, Field(ge=1)] = Field(256, description="Images kept for response_format=url.")
+    image_store_bytes: Annotated[int, Field(ge=1)] = Field(
+        256 << 20, description="Bytes of images kept for response_format=url (the oldest go first)."
+    )
     image_ttl_seconds: Annotated[float, Field(gt=0)] = Field(600.0, description="How long a url image lives.")
     public_base_url: str | None = Field(None, description="Base of returned image URLs (None: from the request).")
     log_level: str = Field("INFO", description="Root log level.")

@@ -96,7 +96,7 @@ class ResultStream:
         started: float,
         handoff_seconds: float,
     ) -> AsyncIterator[bytes]:
-        total = job.params.num_inference_steps * job.params.num_images
+        total = job.denoising_steps * job.params.num_images
         progress = ProgressFrame(request_id=job.request_id, step=0, steps=total)
         last_sent = time.monotonic()
         try:
@@ -177,6 +177,7 @@ class ResultStream:
             timings={
                 "handoff": handoff_seconds,
                 "queue": ended.queue_seconds,
+                "vae_encode": timings.vae_encode,
                 "denoise": timings.denoise,
                 "previews": timings.previews,
                 "vae_decode": timings.vae_decode,

@@ -72,7 +72,7 @@ class DitSettings(BaseSettings):
     max_rows: Annotated[int, Field(ge=1)] = Field(AssemblyCaps.max_rows, description="Max rows per stream.")
     max_hidden_size: Annotated[int, Field(ge=1)] = Field(AssemblyCaps.max_hidden_size, description="Max hidden size.")
     max_buffer_bytes: Annotated[int, Field(ge=1)] = Field(
-        AssemblyCaps.max_bytes, description="Max row-buffer bytes one handoff may allocate."
+        AssemblyCaps.max_bytes, description="Max bytes of rows and edit pixels one handoff may allocate."
     )
     max_frame_header_bytes: Annotated[int, Field(ge=64)] = Field(
         FrameLimits.max_header_bytes, description="Max bytes of one frame's msgpack header."
@@ -126,7 +126,10 @@ class DitSettings(BaseSettings):
     @property
     def assembly_caps(self) -> AssemblyCaps:
         return AssemblyCaps(
-            max_rows=self.max_rows, max_hidden_size=self.max_hidden_size, max_bytes=self.max_buffer_bytes
+            max_rows=self.max_rows,
+            max_hidden_size=self.max_hidden_size,
+            max_bytes=self.max_buffer_bytes,
+            max_image_pixels=self.max_pixels,
         )
 
     @property

@@ -120,9 +120,13 @@ def install_error_handlers(app: FastAPI, on_error: ErrorObserver) -> None:
         return respond(ApiError(400, message, param=param, code="invalid_value"))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        return respond(ApiError(exc.status_code, str(exc.detail), code=code, headers=dict(exc.headers or {})))
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code in (404, 405):
+            # A route is a method and a path: any pair no route serves is an unknown URL, in
+            # OpenAI's words (a POST under a GET-only path is not a "method not allowed").
+            message = f"Invalid URL ({request.method} {request.url.path})"
+            return respond(ApiError(404, message, code="not_found"))
+        return respond(ApiError(exc.status_code, str(exc.detail), headers=dict(exc.headers or {})))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

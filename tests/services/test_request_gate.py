@@ -42,8 +42,18 @@ def build() -> FastAPI:
             open_paths=("/healthz",),
             own_auth_prefixes=("/admin/",),
             on_refusal=metrics.count_error,
+            open_get_prefixes=("/files/",),
+            path_body_bytes={"/upload": 5000},
         ),
     )
+
+    @app.post("/upload")
+    async def upload(request: Request) -> dict[str, int]:
+        return {"bytes": len(await request.body())}
+
+    @app.api_route("/files/{name}", methods=["GET", "POST"])
+    async def file(name: str) -> dict[str, str]:
+        return {"file": name}
 
     @app.post("/echo")
     async def echo(request: Request) -> dict[str, int]:
@@ -116,3 +126,16 @@ def test_a_body_that_does_not_arrive_is_a_408_after_the_deadline(server):
         sock.settimeout(5)
         answer = sock.recv(200)
     assert answer.startswith(b"HTTP/1.1 408") and time.monotonic() - started < 2
+
+
+def test_a_path_with_its_own_cap_takes_larger_bodies_and_no_more(server):
+    headers = {"authorization": f"Bearer {KEY}"}
+    assert httpx.post(f"{server.url}/upload", content=b"x" * 5000, headers=headers).json() == {"bytes": 5000}
+    assert httpx.post(f"{server.url}/upload", content=b"x" * 5001, headers=headers).status_code == 413
+    assert post(server, b"x" * 1001).status_code == 413  # the other paths keep the general cap
+
+
+def test_gets_under_an_open_prefix_need_no_key_other_methods_do(server):
+    assert httpx.get(f"{server.url}/files/img_1.png").json() == {"file": "img_1.png"}
+    assert httpx.post(f"{server.url}/files/img_1.png").status_code == 401
+    assert httpx.get(f"{server.url}/echo").status_code == 401
