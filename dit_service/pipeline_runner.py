@@ -76,9 +76,9 @@ class RenderCancelled(Exception):
     """The consumer went away; the run stopped at the next denoising step."""
 
 
-class _StepCallback:
+class StepCallback:
     """``callback_on_step_end``: times each step, stops an abandoned run, reports progress, takes
-    the previews.
+    the previews (of the whole batch the pipeline denoises).
 
     A step is timed from the end of the previous callback (so preview work is not counted) to the
     start of this one; the first from the callback's creation, just before the pipeline call.
@@ -89,14 +89,15 @@ class _StepCallback:
         previews: tuple[int, ...],
         on_preview: Callable[[int, torch.Tensor], None],
         on_step: Callable[[int], None],
-        cancel: threading.Event,
+        abandoned: Callable[[], bool],
         step_seconds: Histogram,
     ) -> None:
+        """``abandoned``: True when nobody waits for the result any more (the loop then stops)."""
         self._previous: torch.Tensor | None = None  # the latents before the step (``record_start``)
         self._previews = previews
         self._on_preview = on_preview
         self._on_step = on_step
-        self._cancel = cancel
+        self._abandoned = abandoned
         self._step_seconds = step_seconds
         self._step_started = time.perf_counter()
 
@@ -105,7 +106,7 @@ class _StepCallback:
     ) -> dict[str, torch.Tensor]:
         self._step_seconds.observe(time.perf_counter() - self._step_started)
         latents = tensors["latents"]
-        if self._cancel.is_set():
+        if self._abandoned():
             # The documented way to stop a diffusers loop: remaining steps are skipped.
             pipeline._interrupt = True
             return {}
@@ -252,7 +253,7 @@ class PipelineRunner:
             else:
                 previews = preview_steps(steps, params.partial_images)
                 step_seconds = self._metrics.denoise_step_seconds
-                callback = _StepCallback(previews, on_preview, on_step, cancel, step_seconds)
+                callback = StepCallback(previews, on_preview, on_step, cancel.is_set, step_seconds)
                 callback.record_start(pipeline)
                 final_latents = pipeline(
                     height=params.height,

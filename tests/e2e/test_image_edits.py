@@ -225,7 +225,7 @@ def work_done(stack: Stack) -> tuple[float, float]:
     """Prompt tokens the engine took and handoff frames the AR sent, so far."""
     return (
         sample(stack.ar.url, "ardit_ar_prompt_tokens_total"),
-        sample(stack.ar.url, "ardit_handoff_frames_sent_total"),
+        sample(stack.ar.url, "ardit_ar_handoff_sent_frames_total"),
     )
 
 
