@@ -64,6 +64,12 @@ class DitSettings(BaseSettings):
     progress_interval_seconds: Annotated[float, Field(gt=0)] = Field(
         2.0, description="A progress frame goes to the AR after this long without a result frame (queued or rendering)."
     )
+    batch_max_size: Annotated[int, Field(ge=1)] = Field(
+        1, description="Compatible text-to-image requests denoised as one batch, at most (1: no batching)."
+    )
+    batch_window_ms: Annotated[float, Field(ge=0)] = Field(
+        20.0, description="How long the next run waits for compatible requests to batch with (batching on)."
+    )
     max_consecutive_pipeline_failures: Annotated[int, Field(ge=1)] = Field(
         3, description="Pipeline runs failing in a row before the DiT declares itself broken and exits."
     )
