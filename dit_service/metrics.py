@@ -17,15 +17,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 import dit_service.errors  # noqa: F401  (defines the DiT's own HandoffError kinds, whose codes are reasons)
 from services.app_metrics import AppMetrics
-from services.metrics import LATENCY_BUCKETS
+from services.metrics import LATENCY_BUCKETS, PIXEL_BUCKETS
 from shared.errors import HandoffError
 from shared.frames import OutputFormat
 
 # A sender that goes away mid-handoff is a failure of its own kind (no HandoffError says so).
 CLIENT_DISCONNECTED = "client_disconnected"
 PIPELINE_FAILURE_REASONS = ("error", CLIENT_DISCONNECTED)
-# Pixels per image (width x height): 256², 512², 768², 1024², Qwen-Image's native 1328², 2048².
-PIXEL_BUCKETS = (65536, 262144, 589824, 1048576, 1763584, 4194304)
 
 
 def handoff_failure_reasons() -> list[str]:
