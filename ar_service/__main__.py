@@ -2,24 +2,29 @@
 
 from __future__ import annotations
 
-import uvicorn
+import sys
+
 from pydantic_settings import CliApp
 
 from ar_service.app import create_ar_app
 from ar_service.settings import ArSettings
+from services.fatal import Fatal
 from services.request_context import configure_logging
+from services.serve import serve
+from services.tracing import configure_tracing
 
 
 class ArCli(ArSettings, cli_parse_args=True, cli_prog_name="python -m ar_service"):
     pass
 
 
-def main() -> None:
+def main() -> int:
     settings = CliApp.run(ArCli)
     configure_logging("ar", settings.log_level)
-    uvicorn.run(create_ar_app(settings), host=settings.host, port=settings.port, log_config=None,
-                timeout_graceful_shutdown=10)
+    configure_tracing("ar")
+    fatal = Fatal()
+    return serve(create_ar_app(settings, fatal=fatal), fatal, settings.host, settings.port)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

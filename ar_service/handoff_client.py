@@ -1,24 +1,25 @@
-"""Sends one request's hidden rows to the DiT and reads the images back, on one HTTP exchange.
+"""Sends one request's handoff body to the DiT and reads the images back, on one HTTP exchange.
 
-The request body is the frame stream of the shared contract (``HandoffEncoder``), produced while
-the AR engine is still running: each ``RowsEvent`` becomes frames as soon as it arrives, so the
-transfer overlaps prefill and decoding. The row bytes go to the socket as the tensor's own memory.
-The answer is the DiT's result stream (partial images, images, ``done``).
+The request body is a ``HandoffBody`` (open, rows as the engine produces them, close); the row
+bytes go to the socket as the tensor's own memory. The answer is the DiT's result stream
+(partial images, images, ``done``).
 
-Failures are typed for the public API: ``DitUnavailable`` (connect/timeout/5xx/429 → 503) and
-``DitRejected`` (the DiT refused the handoff with a 4xx, e.g. a size it cannot render).
+Failures are typed by what they mean for the public API (the mapping to statuses lives in
+``ar_service/api/serving.py``): ``DitUnavailable`` (unreachable, not ready, failed), ``DitBusy``
+(the DiT has no room: 429), ``DitRejected`` (the DiT refused the request's parameters: 4xx).
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+import asyncio
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import cast
 
 import httpx
 
+from ar_service.handoff_body import HandoffBody
 from shared.frame_types import Buffer
-from shared.handoff_encoder import HandoffEncoder
 from shared.result_frames import (
     HANDOFF_MEDIA_TYPE,
     DoneFrame,
@@ -28,17 +29,49 @@ from shared.result_frames import (
     ResultReader,
 )
 
+PartialImageSink = Callable[[PartialImageFrame], Awaitable[None]]
 
-class DitUnavailable(Exception):
-    """The DiT cannot be reached, is not ready, is overloaded, or failed."""
+
+class HandoffFailed(Exception):
+    """The handoff did not produce images. ``reason`` labels the failure metric."""
+
+    reason = "failed"
+
+
+class DitUnavailable(HandoffFailed):
+    """The DiT cannot be reached, is not ready, or failed while rendering.
+
+    ``refused``: it answered with an error status before any result, rather than failing mid-render.
+    """
+
+    reason = "dit_unavailable"
+
+    def __init__(self, message: str, retry_after: str | None = None, *, refused: bool = False) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+        self.refused = refused
+
+
+class DitUnreachable(DitUnavailable):
+    """No connection could be made: nothing of the handoff was sent."""
+
+    reason = "dit_unreachable"
+
+
+class DitBusy(HandoffFailed):
+    """The DiT is healthy but has no room for this handoff now (it answered 429)."""
+
+    reason = "dit_busy"
 
     def __init__(self, message: str, retry_after: str | None = None) -> None:
         super().__init__(message)
         self.retry_after = retry_after
 
 
-class DitRejected(Exception):
+class DitRejected(HandoffFailed):
     """The DiT refused the handoff (4xx); ``code``/``param`` come from its error body."""
+
+    reason = "dit_rejected"
 
     def __init__(self, status: int, message: str, code: str | None, param: str | None) -> None:
         super().__init__(message)
@@ -48,79 +81,41 @@ class DitRejected(Exception):
 
 
 @dataclass
-class HandoffStats:
-    bytes_sent: int = 0
-    frames_sent: int = 0
-    # perf_counter when the AR produced its last row (set by the frame source; else when the
-    # close frame was handed to the transport)
-    last_row_at: float | None = None
-    acknowledged_at: float | None = None  # perf_counter when the DiT answered (handoff complete)
-
-    @property
-    def handoff_latency(self) -> float | None:
-        """AR's last row → DiT holds the complete conditioning (the tail not hidden by decoding)."""
-        if self.last_row_at is None or self.acknowledged_at is None:
-            return None
-        return max(0.0, self.acknowledged_at - self.last_row_at)
-
-
-@dataclass
 class RenderResult:
-    images: list[ImageFrame] = field(default_factory=list)
-    done: DoneFrame | None = None
-    stats: HandoffStats = field(default_factory=HandoffStats)
-
-
-# Yields the handoff one frame at a time (each a list of wire buffers); the client marks the last
-# one (close) as it is sent.
-FrameSource = Callable[[HandoffEncoder], AsyncIterator[list[Buffer]]]
-PartialImageSink = Callable[[PartialImageFrame], Awaitable[None]]
+    images: list[ImageFrame]
+    done: DoneFrame
 
 
 class HandoffClient:
-    def __init__(self, base_url: str, token: str | None, connect_timeout: float, render_timeout: float) -> None:
+    def __init__(self, client: httpx.AsyncClient, token: str | None, deadline_seconds: float) -> None:
+        """``client`` carries the DiT's base URL and per-read/write (stall) timeouts; the caller owns
+        its lifetime. ``deadline_seconds`` bounds a whole exchange, however steadily bytes flow."""
+        self._client = client
         self._token = token
-        self._client = httpx.AsyncClient(
-            base_url=base_url,
-            timeout=httpx.Timeout(render_timeout, connect=connect_timeout),
-            limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
-        )
-
-    async def aclose(self) -> None:
-        await self._client.aclose()
-
-    async def ready(self) -> bool:
-        try:
-            response = await self._client.get("/readyz", timeout=2.0)
-        except httpx.HTTPError:
-            return False
-        return response.status_code == 200
+        self._deadline = deadline_seconds
 
     async def render(
-        self,
-        encoder: HandoffEncoder,
-        frames: FrameSource,
-        on_partial_image: PartialImageSink | None = None,
-        stats: HandoffStats | None = None,
+        self, request_id: str, body: HandoffBody, on_partial_image: PartialImageSink | None = None
     ) -> RenderResult:
-        result = RenderResult(stats=stats or HandoffStats())
-        stats = result.stats
-
-        async def body() -> AsyncIterator[Buffer]:
-            async for buffers in frames(encoder):
-                for buf in buffers:
-                    stats.bytes_sent += memoryview(buf).nbytes
-                    yield buf
-                stats.frames_sent += 1
-            if stats.last_row_at is None:
-                stats.last_row_at = time.perf_counter()
-
-        headers = {"content-type": HANDOFF_MEDIA_TYPE, "x-request-id": encoder.open.request_id}
+        headers = {"content-type": HANDOFF_MEDIA_TYPE, "x-request-id": request_id}
         if self._token:
             headers["authorization"] = f"Bearer {self._token}"
         try:
-            async with self._client.stream("POST", "/v1/handoff", content=body(), headers=headers) as response:
-                stats.acknowledged_at = time.perf_counter()
+            async with asyncio.timeout(self._deadline):
+                return await self._exchange(headers, body, on_partial_image)
+        except TimeoutError:
+            raise DitUnavailable(f"the DiT did not finish within {self._deadline:g} s") from None
+
+    async def _exchange(
+        self, headers: dict[str, str], body: HandoffBody, on_partial_image: PartialImageSink | None
+    ) -> RenderResult:
+        images: list[ImageFrame] = []
+        done: DoneFrame | None = None
+        try:
+            # httpx writes any buffer (its types say bytes): the rows go out as the tensor's memory.
+            content = cast("AsyncIterable[bytes]", _bytes(body))
+            async with self._client.stream("POST", "/v1/handoff", content=content, headers=headers) as response:
+                body.acknowledged()
                 if response.status_code != 200:
                     await response.aread()
                     raise _error_from(response)
@@ -131,26 +126,37 @@ class HandoffClient:
                             if on_partial_image is not None:
                                 await on_partial_image(frame)
                         elif isinstance(frame, ImageFrame):
-                            result.images.append(frame)
+                            images.append(frame)
                         elif isinstance(frame, DoneFrame):
-                            result.done = frame
+                            done = frame
                         elif isinstance(frame, ErrorFrame):
                             if 400 <= frame.status < 500:
                                 raise DitRejected(frame.status, frame.message, frame.code, None)
                             raise DitUnavailable(f"DiT failed: {frame.message}")
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise DitUnreachable(f"DiT unreachable: {type(exc).__name__}") from None
         except (httpx.TransportError, httpx.TimeoutException) as exc:
-            raise DitUnavailable(f"DiT unreachable or timed out: {type(exc).__name__}") from None
-        if result.done is None:
+            raise DitUnavailable(f"DiT connection failed or timed out: {type(exc).__name__}") from None
+        if done is None:
             raise DitUnavailable("DiT ended the result stream without finishing")
-        return result
+        return RenderResult(images, done)
 
 
-def _error_from(response: httpx.Response) -> Exception:
+async def _bytes(body: HandoffBody) -> AsyncIterator[Buffer]:
+    async for frame in body:
+        for buffer in frame:
+            yield buffer
+
+
+def _error_from(response: httpx.Response) -> HandoffFailed:
     try:
         error = response.json().get("error", {})
     except ValueError:
         error = {}
     message = error.get("message") or f"DiT answered {response.status_code}"
-    if response.status_code in (429, 503) or response.status_code >= 500:
-        return DitUnavailable(message, retry_after=response.headers.get("retry-after"))
+    retry_after = response.headers.get("retry-after")
+    if response.status_code == 429:
+        return DitBusy(message, retry_after)
+    if response.status_code >= 500:
+        return DitUnavailable(message, retry_after, refused=True)
     return DitRejected(response.status_code, message, error.get("code"), error.get("param"))

@@ -2,36 +2,77 @@
 
 vLLM's own engine families (``vllm:prefix_cache_queries``, ``vllm:prefix_cache_hits``,
 ``vllm:kv_cache_usage_perc``, ``vllm:time_to_first_token_seconds``, ...) live in
-prometheus_client's global registry; ``VllmFamilies`` re-exports them so one scrape of the AR
-service's ``/metrics`` has both.
+prometheus_client's global registry; ``VllmFamilies`` re-exports those of the running engine so one
+scrape of the AR service's ``/metrics`` has both.
+
+Labelled families whose label values are known up front start at zero for each value, so the
+first failure is an increase ``rate()`` and alerts can see, not a series appearing from nothing.
 """
 
 from __future__ import annotations
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, Info
+from collections.abc import Iterator
 
-# 1 ms (a warm GPU prefill) to minutes (a long CPU prompt).
-_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
-_DURATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600)
-# Handoff tail: milliseconds when overlapped with decoding, seconds when not.
-_HANDOFF_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
-_TOKEN_BUCKETS = (0, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from ar_service.handoff_client import HandoffFailed
+from services.app_metrics import AppMetrics
+from services.metrics import HANDOFF_BUCKETS, LATENCY_BUCKETS, TOKEN_BUCKETS
+
+# The reason a handoff failed: a HandoffFailed's ``reason``, or the AR's own row buffer overflowing.
+ROW_BUFFER_OVERFLOW = "row_buffer_overflow"
+
+
+def handoff_failure_reasons() -> list[str]:
+    kinds: list[type[HandoffFailed]] = [HandoffFailed]
+    for kind in kinds:
+        kinds.extend(kind.__subclasses__())
+    return sorted({kind.reason for kind in kinds} | {ROW_BUFFER_OVERFLOW})
 
 
 class VllmFamilies:
-    """Collector that yields the vLLM families from the global registry."""
+    """Collector of the vLLM families of this service's engine.
 
-    def collect(self):
-        for family in REGISTRY.collect():
-            if family.name.startswith("vllm:"):
-                yield family
+    vLLM registers them in prometheus_client's global registry when its engine starts, and an engine
+    started later in the same process (a restart; in tests, a second engine) unregisters them for
+    its own. ``capture``, called once the engine is up, keeps that engine's collectors, so /metrics
+    shows the families the running engine updates.
+    """
+
+    def __init__(self) -> None:
+        self._collectors: list[Collector] = []
+
+    def capture(self) -> None:
+        # No public listing of a registry's collectors; vLLM's own unregister reads the same map.
+        registered = list(REGISTRY._collector_to_names)
+        self._collectors = [c for c in registered if getattr(c, "_name", "").startswith("vllm:")]
+
+    def collect(self) -> Iterator[Metric]:
+        for collector in self._collectors:
+            yield from collector.collect()
 
 
 class ArMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.requests = Counter("ardit_ar_requests", "Image requests by final status.", ["status"], registry=registry)
+        self.app = AppMetrics(registry, "ar")
+        self.requests = Counter(
+            "ardit_ar_requests",
+            "Validated image requests by outcome (error: refused at admission or failed).",
+            ["status"],
+            registry=registry,
+        )
+        for status in ("ok", "error"):
+            self.requests.labels(status=status)
         self.requests_in_flight = Gauge("ardit_ar_requests_in_flight", "Requests being served.", registry=registry)
         self.requests_queued = Gauge("ardit_ar_requests_queued", "Requests waiting for a slot.", registry=registry)
+        self.queue_wait_seconds = Histogram(
+            "ardit_ar_queue_wait_seconds",
+            "Time a request waited for room at the DiT.",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
         self.prompt_tokens = Counter("ardit_ar_prompt_tokens", "Prompt tokens (all streams).", registry=registry)
         self.generated_tokens = Counter("ardit_ar_generated_tokens", "Generated tokens.", registry=registry)
         self.cached_tokens = Counter(
@@ -41,37 +82,54 @@ class ArMetrics:
             "ardit_ar_cache_creation_tokens", "Prompt tokens written into cache blocks.", registry=registry
         )
         self.cached_tokens_per_request = Histogram(
-            "ardit_ar_request_cached_tokens", "Cached prompt tokens per request.", buckets=_TOKEN_BUCKETS, registry=registry
+            "ardit_ar_request_cached_tokens",
+            "Cached prompt tokens per request.",
+            buckets=TOKEN_BUCKETS,
+            registry=registry,
         )
         self.cache_creation_tokens_per_request = Histogram(
             "ardit_ar_request_cache_creation_tokens",
             "Cache creation tokens per request.",
-            buckets=_TOKEN_BUCKETS,
+            buckets=TOKEN_BUCKETS,
             registry=registry,
         )
         self.ttft_seconds = Histogram(
             "ardit_ar_time_to_first_token_seconds",
             "HTTP request received to first generated token.",
-            buckets=_TTFT_BUCKETS,
+            buckets=LATENCY_BUCKETS,
             registry=registry,
         )
         self.ar_seconds = Histogram(
-            "ardit_ar_engine_seconds", "Engine submission to last row.", buckets=_DURATION_BUCKETS, registry=registry
+            "ardit_ar_engine_seconds", "Engine submission to last row.", buckets=LATENCY_BUCKETS, registry=registry
         )
         self.request_seconds = Histogram(
-            "ardit_ar_request_seconds", "Whole request, received to answered.", buckets=_DURATION_BUCKETS, registry=registry
-        )
-        self.handoff_latency_seconds = Histogram(
-            "ardit_handoff_latency_seconds",
-            "AR's last row to the DiT holding the complete conditioning.",
-            buckets=_HANDOFF_BUCKETS,
+            "ardit_ar_request_seconds",
+            "Whole image request, received to answered.",
+            buckets=LATENCY_BUCKETS,
             registry=registry,
         )
-        self.handoff_bytes_sent = Counter("ardit_handoff_bytes_sent", "Handoff bytes sent to the DiT.", registry=registry)
-        self.handoff_frames_sent = Counter("ardit_handoff_frames_sent", "Handoff frames sent.", registry=registry)
-        self.handoff_failures = Counter(
-            "ardit_handoff_failures", "Handoffs that failed, by reason.", ["reason"], registry=registry
+        self.handoff_latency_seconds = Histogram(
+            "ardit_ar_handoff_latency_seconds",
+            "AR's last row to the DiT holding the complete conditioning.",
+            buckets=HANDOFF_BUCKETS,
+            registry=registry,
         )
-        self.handoffs_in_flight = Gauge("ardit_handoffs_in_flight", "Handoffs being streamed.", registry=registry)
-        self.build_info = Info("ardit_ar_build", "Version, model, dtype, device, block size.", registry=registry)
-        registry.register(VllmFamilies())
+        self.handoff_sent_bytes = Counter(
+            "ardit_ar_handoff_sent_bytes", "Handoff bytes sent to the DiT.", registry=registry
+        )
+        self.handoff_sent_frames = Counter(
+            "ardit_ar_handoff_sent_frames", "Handoff frames sent to the DiT.", registry=registry
+        )
+        self.handoff_failures = Counter(
+            "ardit_ar_handoff_failures", "Handoffs that failed, by reason.", ["reason"], registry=registry
+        )
+        for reason in handoff_failure_reasons():
+            self.handoff_failures.labels(reason=reason)
+        self.handoffs_in_flight = Gauge(
+            "ardit_ar_handoffs_in_flight", "Handoffs being streamed to the DiT.", registry=registry
+        )
+        self.build_info = Info(
+            "ardit_ar_build", "Version, model, dtype, device, conditioning, prefix caching.", registry=registry
+        )
+        self.vllm = VllmFamilies()
+        registry.register(self.vllm)

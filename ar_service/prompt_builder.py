@@ -32,7 +32,7 @@ class PromptBuilder:
             raise ValueError("the template prefix does not tokenise the same on its own; end it at a token boundary")
 
     @classmethod
-    def from_model_dir(cls, model_dir: str | Path, template: str) -> "PromptBuilder":
+    def from_model_dir(cls, model_dir: str | Path, template: str) -> PromptBuilder:
         return cls(AutoTokenizer.from_pretrained(str(model_dir)), template)
 
     @property
@@ -43,7 +43,7 @@ class PromptBuilder:
         return BuiltPrompt(self._encode(self.template.format(text)), self.prefix_tokens)
 
     def decode(self, token_ids: list[int]) -> str:
-        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+        return str(self.tokenizer.decode(token_ids, skip_special_tokens=True))
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))

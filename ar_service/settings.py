@@ -5,12 +5,13 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from services.checkpoints import default_model_dir
 
 # Qwen-Image's own prompt template: the DiT was trained on the rows after its system prefix.
 QWEN_IMAGE_TEMPLATE = (
@@ -18,18 +19,16 @@ QWEN_IMAGE_TEMPLATE = (
     "spatial relationships of the objects and background:<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n"
     "<|im_start|>assistant\n"
 )
-
-
-def default_model_dir() -> Path:
-    base = os.environ.get("ARDIT_CACHE_DIR") or os.path.join("~", ".cache", "ardit")
-    return Path(base).expanduser() / "models" / "smollm2-135m-instruct"
+DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
 class ArSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ARDIT_AR_", populate_by_name=True, frozen=True)
 
     # --- model and engine ------------------------------------------------------------------------
-    model_dir: Path = Field(default_factory=default_model_dir, description="HF checkpoint directory vLLM serves.")
+    model_dir: Path = Field(
+        default_factory=lambda: default_model_dir(DEFAULT_MODEL), description="HF checkpoint directory vLLM serves."
+    )
     served_model_name: str = Field("ardit", description="The model id of the public API (/v1/models).")
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="Engine dtype: float32 on CPU (bf16 is slow there), bfloat16 on GPU."
@@ -51,6 +50,13 @@ class ArSettings(BaseSettings):
     hidden_layer: int | None = Field(None, description="Decoder layer whose output is captured (None: the last).")
     final_norm: bool = Field(True, description="Apply the model's final norm to captured rows (post-norm states).")
     seed: int = Field(0, description="Engine seed.")
+    kv_events_publisher: Literal["off", "zmq"] = Field(
+        "off", description="Publish vLLM's KV-cache events (BlockStored/BlockRemoved) for prefix-aware routers."
+    )
+    kv_events_endpoint: str = Field(
+        "tcp://*:5557", description="Where the AR publishes KV-cache events (tcp://*:PORT: routers dial the AR)."
+    )
+    kv_events_topic: str = Field("", description="ZMQ topic of the KV-cache events (llm-d: kv@<pod ip>@<model>).")
 
     # --- prompts ---------------------------------------------------------------------------------
     prompt_template: str = Field(QWEN_IMAGE_TEMPLATE, description="Python format string with one {} for the prompt.")
@@ -58,18 +64,13 @@ class ArSettings(BaseSettings):
     max_new_tokens: Annotated[int, Field(ge=1)] = Field(
         1, description="Default generated tokens: 1 = encoder mode (Qwen-Image); more = AR generation (MammothModa2)."
     )
-    max_new_tokens_limit: Annotated[int, Field(ge=1)] = Field(512, description="Largest max_new_tokens a request may ask.")
+    max_new_tokens_limit: Annotated[int, Field(ge=1)] = Field(
+        512, description="Largest max_new_tokens a request may ask."
+    )
     max_prompt_tokens: Annotated[int, Field(ge=1)] = Field(
         1024, description="Longest templated prompt accepted (the DiT's max_sequence_length bounds what it uses)."
     )
     conditioning: Literal["qwen_image", "ar_generated"] = Field("qwen_image", description="DiT conditioning adapter.")
-
-    # --- image defaults and limits (checked here so a bad request never reaches the engine) ---
-    default_size: str = Field("256x256", description="WIDTHxHEIGHT used for size=auto.")
-    max_pixels: Annotated[int, Field(ge=256)] = Field(2 * 1024 * 1024, description="Max width*height.")
-    default_guidance_scale: Annotated[float, Field(ge=0)] = Field(
-        1.0, description="guidance_scale when the request gives none; > 1 turns on CFG (a negative stream)."
-    )
 
     # --- streaming and handoff -------------------------------------------------------------------
     row_buffer_bytes: Annotated[int, Field(gt=0)] = Field(
@@ -78,22 +79,61 @@ class ArSettings(BaseSettings):
     row_timeout_seconds: Annotated[float, Field(gt=0)] = Field(
         300.0, description="Longest wait for the next rows from the engine."
     )
-    stream_handoff: bool = Field(True, description="Send rows while decoding (off: after the AR finishes).")
-    dit_url: str = Field("http://127.0.0.1:8001", description="DiT service base URL.")
-    handoff_token: SecretStr | None = Field(
-        None, validation_alias="ARDIT_HANDOFF_TOKEN", description="Bearer token shared with the DiT (env ARDIT_HANDOFF_TOKEN)."
+    overlap_handoff: bool = Field(True, description="Send rows while decoding (off: after the AR finishes).")
+    dit_url: str = Field(
+        "http://127.0.0.1:8001",
+        description="DiT base URL(s), comma-separated; a DNS name is expanded to all its IPv4 addresses.",
     )
-    dit_timeout_seconds: Annotated[float, Field(gt=0)] = Field(600.0, description="Longest DiT render.")
+    dit_resolve_seconds: Annotated[float, Field(gt=0)] = Field(
+        5.0, description="How often DiT host names are resolved again (replicas come and go)."
+    )
+    handoff_token: SecretStr | None = Field(
+        None,
+        validation_alias="ARDIT_HANDOFF_TOKEN",
+        description="Bearer token shared with the DiT (env ARDIT_HANDOFF_TOKEN).",
+    )
+    dit_timeout_seconds: Annotated[float, Field(gt=0)] = Field(
+        600.0, description="Longest whole handoff exchange with the DiT (rows out, images back)."
+    )
+    dit_stall_timeout_seconds: Annotated[float, Field(gt=0)] = Field(
+        15.0,
+        description="Longest silence from the DiT mid-exchange (it sends progress meanwhile): a frozen DiT fails fast.",
+    )
     dit_connect_timeout_seconds: Annotated[float, Field(gt=0)] = Field(5.0, description="DiT connect timeout.")
 
     # --- public API ------------------------------------------------------------------------------
     host: str = Field("127.0.0.1", description="Bind address.")
     port: Annotated[int, Field(ge=0, le=65535)] = Field(8000, description="Bind port.")
     api_keys: list[str] = Field(default_factory=list, description="Accepted bearer keys (JSON list); empty: no auth.")
-    admin_token: SecretStr | None = Field(None, description="Enables /admin/* (prefix cache reset) with this bearer.")
-    max_concurrent_requests: Annotated[int, Field(ge=1)] = Field(8, description="Requests in flight at once.")
-    max_queued_requests: Annotated[int, Field(ge=0)] = Field(32, description="Requests waiting; beyond: 429.")
+    admin_token: SecretStr | None = Field(
+        None, description="Enables /admin/* (prefix cache reset) with this bearer; unset or empty: no /admin/*."
+    )
+    max_request_body_bytes: Annotated[int, Field(gt=0)] = Field(
+        1 << 20, description="Largest request body (edits: the next setting); larger is a 413 before it is parsed."
+    )
+    max_edit_body_bytes: Annotated[int, Field(gt=0)] = Field(
+        64 << 20,
+        description="Largest /v1/images/edits body (images, mask, fields); held in memory while it is read.",
+    )
+    max_edit_input_pixels: Annotated[int, Field(gt=0)] = Field(
+        4096 * 4096, description="Largest width*height of an uploaded image or mask, checked before decoding it."
+    )
+    request_body_timeout_seconds: Annotated[float, Field(gt=0)] = Field(
+        10.0, description="A request body must arrive within this, or the answer is 408."
+    )
+    max_queued_requests: Annotated[int, Field(ge=0)] = Field(
+        256, description="Requests waiting for room at the DiT (in flight: what the DiT announces); beyond: 429."
+    )
+    max_queue_wait_seconds: Annotated[float, Field(gt=0)] = Field(
+        120.0, description="Longest wait in the queue; a request that would wait longer is refused at once (429)."
+    )
+    sse_keepalive_seconds: Annotated[float, Field(gt=0)] = Field(
+        10.0, description="Keep-alive comment interval on event streams, so proxies do not cut a silent render."
+    )
     image_store_size: Annotated[int, Field(ge=1)] = Field(256, description="Images kept for response_format=url.")
+    image_store_bytes: Annotated[int, Field(ge=1)] = Field(
+        256 << 20, description="Bytes of images kept for response_format=url (the oldest go first)."
+    )
     image_ttl_seconds: Annotated[float, Field(gt=0)] = Field(600.0, description="How long a url image lives.")
     public_base_url: str | None = Field(None, description="Base of returned image URLs (None: from the request).")
     log_level: str = Field("INFO", description="Root log level.")

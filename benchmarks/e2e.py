@@ -44,7 +44,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_pair(stream_handoff: bool) -> tuple[list[subprocess.Popen], str, str]:
+def start_pair(overlap_handoff: bool) -> tuple[list[subprocess.Popen], str, str]:
     ar_port, dit_port = free_port(), free_port()
     admin = secrets.token_hex(8)
     env = dict(
@@ -54,15 +54,16 @@ def start_pair(stream_handoff: bool) -> tuple[list[subprocess.Popen], str, str]:
         ARDIT_DIT_PORT=str(dit_port),
         ARDIT_AR_DIT_URL=f"http://127.0.0.1:{dit_port}",
         ARDIT_AR_ADMIN_TOKEN=admin,
-        ARDIT_AR_STREAM_HANDOFF=str(stream_handoff).lower(),
+        ARDIT_AR_OVERLAP_HANDOFF=str(overlap_handoff).lower(),
         ARDIT_AR_MAX_PROMPT_TOKENS="1100",
         ARDIT_DIT_MAX_SEQUENCE_LENGTH="1024",
-        ARDIT_DIT_DROP_PREFIX_TOKENS="34",
         ARDIT_AR_LOG_LEVEL="WARNING",
         ARDIT_DIT_LOG_LEVEL="WARNING",
     )
-    procs = [subprocess.Popen([sys.executable, "-m", m], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-             for m in ("dit_service", "ar_service")]
+    procs = [
+        subprocess.Popen([sys.executable, "-m", m], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for m in ("dit_service", "ar_service")
+    ]
     url = f"http://127.0.0.1:{ar_port}"
     deadline = time.monotonic() + 900
     while True:
@@ -86,19 +87,28 @@ def timings(header: str) -> dict[str, float]:
 
 def measure(url: str, admin: str, prompt: str, cold: bool, args: argparse.Namespace) -> list[dict]:
     samples = []
-    body = {"prompt": prompt, "size": args.size, "seed": 1, "num_inference_steps": args.steps,
-            "max_new_tokens": args.new_tokens}
+    body = {
+        "prompt": prompt,
+        "size": args.size,
+        "seed": 1,
+        "num_inference_steps": args.steps,
+        "max_new_tokens": args.new_tokens,
+    }
     if not cold:
         httpx.post(f"{url}/v1/images/generations", json=body, timeout=600).raise_for_status()  # fill the cache
     for _ in range(args.samples):
         if cold:
-            httpx.post(f"{url}/admin/reset_prefix_cache", headers={"authorization": f"Bearer {admin}"}).raise_for_status()
+            httpx.post(
+                f"{url}/admin/reset_prefix_cache", headers={"authorization": f"Bearer {admin}"}
+            ).raise_for_status()
         response = httpx.post(f"{url}/v1/images/generations", json=body, timeout=600)
         response.raise_for_status()
         usage = response.json()["usage"]
         expected = 0 if cold else (usage["input_tokens"] - 1) // 128 * 128
         if usage["cached_tokens"] != expected:
-            raise RuntimeError(f"{'cold' if cold else 'warm'} sample has cached_tokens={usage['cached_tokens']}, expected {expected}")
+            raise RuntimeError(
+                f"{'cold' if cold else 'warm'} sample has cached_tokens={usage['cached_tokens']}, expected {expected}"
+            )
         samples.append(timings(response.headers["server-timing"]) | {"prompt_tokens": usage["input_tokens"]})
     return samples
 
@@ -115,13 +125,13 @@ def plot(rows: list[tuple[str, dict[str, float]]], path: Path) -> None:
         y = top + i * (bar_h + 12)
         draw.text((10, y + 7), label, fill="black")
         x = left
-        for stage, color in zip(STAGES, COLORS):
+        for stage, color in zip(STAGES, COLORS, strict=True):
             w = t.get(stage, 0) * scale
             draw.rectangle([x, y, x + w, y + bar_h], fill=color)
             x += w
         draw.text((x + 4, y + 7), f"{t['total']:.0f}", fill="black")
     y = top + len(rows) * (bar_h + 12) + 10
-    for j, (stage, color) in enumerate(zip(STAGES, COLORS)):
+    for j, (stage, color) in enumerate(zip(STAGES, COLORS, strict=True)):
         x = 10 + (j % 4) * 260
         yy = y + (j // 4) * 20
         draw.rectangle([x, yy, x + 14, yy + 14], fill=color)
@@ -138,9 +148,13 @@ def main() -> None:
     args = parser.parse_args()
     report: dict = {
         "command": f"python benchmarks/e2e.py --samples {args.samples} --new-tokens {args.new_tokens} "
-                   f"--steps {args.steps} --size {args.size}",
-        "machine": {"node": platform.platform(), "cores": psutil.cpu_count(),
-                    "memory_gb": round(psutil.virtual_memory().total / 2**30, 1), "device": "cpu"},
+        f"--steps {args.steps} --size {args.size}",
+        "machine": {
+            "node": platform.platform(),
+            "cores": psutil.cpu_count(),
+            "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+            "device": "cpu",
+        },
         "runs": {},
     }
     medians: list[tuple[str, dict[str, float]]] = []
@@ -163,7 +177,8 @@ def main() -> None:
     report["streaming_saves_ms"] = {
         key.removeprefix("stream "): report["runs"][f"after-AR {key.removeprefix('stream ')}"]["median_ms"]["total"]
         - report["runs"][key]["median_ms"]["total"]
-        for key in report["runs"] if key.startswith("stream ")
+        for key in report["runs"]
+        if key.startswith("stream ")
     }
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "e2e.json").write_text(json.dumps(report, indent=2) + "\n")

@@ -210,10 +210,10 @@ def main() -> None:
                 assembler.release()
 
     median = {name: statistics.median(ts) for name, ts in times.items()}
-    ratios = {name: [t / m for t, m in zip(ts, times["memcpy"])] for name, ts in times.items()}
+    ratios = {name: [t / m for t, m in zip(ts, times["memcpy"], strict=True)] for name, ts in times.items()}
     ardit_ratio = statistics.median(ratios["ardit"])
     result = {
-        "command": "python benchmarks/handoff_codec.py --reps %d" % args.reps,
+        "command": f"python benchmarks/handoff_codec.py --reps {args.reps}",
         "machine": machine(),
         "payload": {"rows": ROWS, "hidden": HIDDEN, "dtype": "bfloat16", "bytes": src.nbytes},
         "reps": args.reps,

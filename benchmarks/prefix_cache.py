@@ -33,7 +33,7 @@ from pathlib import Path
 import psutil
 import torch
 
-from ar_service.engine import EngineRequest, FinishedEvent, HiddenStateEngine
+from ar_service.engine.hidden_state_engine import EngineRequest, FinishedEvent, HiddenStateEngine
 from ar_service.settings import ArSettings
 
 RESULTS = Path(__file__).parent / "results"
@@ -79,9 +79,13 @@ def workload(length: int, seed: int) -> list[int]:
 
 async def one(engine: HiddenStateEngine, prompt: list[int], new_tokens: int, salt: str) -> Sample:
     finished: FinishedEvent | None = None
-    request = EngineRequest(stream_id=f"bench:{uuid.uuid4().hex[:10]}", prompt_token_ids=prompt,
-                            max_new_tokens=new_tokens, cache_salt=salt)
-    async for event in engine.stream(request):
+    request = EngineRequest(
+        engine_request_id=f"bench:{uuid.uuid4().hex[:10]}",
+        prompt_token_ids=prompt,
+        max_new_tokens=new_tokens,
+        cache_salt=salt,
+    )
+    async for event in engine.run(request):
         if isinstance(event, FinishedEvent):
             finished = event
     assert finished is not None
@@ -91,7 +95,7 @@ async def one(engine: HiddenStateEngine, prompt: list[int], new_tokens: int, sal
         prompt_tokens=finished.prompt_tokens,
         generated=len(finished.generated_token_ids),
         cached=finished.cached_tokens,
-        rows=finished.rows,
+        rows=finished.row_count,
     )
 
 
@@ -107,7 +111,9 @@ async def scenario(engine: HiddenStateEngine, name: str, prompt: list[int], samp
         if i == 0:
             continue
         if sample.cached != expected:
-            raise RuntimeError(f"{name} P={len(prompt)}: sample {i} has cached_tokens={sample.cached}, expected {expected}")
+            raise RuntimeError(
+                f"{name} P={len(prompt)}: sample {i} has cached_tokens={sample.cached}, expected {expected}"
+            )
         if engine.settings.capture_hidden_states and sample.rows != len(prompt) + sample.generated - 1:
             raise RuntimeError(f"{name}: {sample.rows} rows for P={len(prompt)}, G={sample.generated}")
         runs.append(sample)
@@ -120,7 +126,7 @@ async def scenario(engine: HiddenStateEngine, name: str, prompt: list[int], samp
         "samples": len(runs),
         "ttft_ms": {
             "p50": statistics.median(ttfts) * 1e3,
-            "p95": ttfts[min(len(ttfts) - 1, int(round(0.95 * (len(ttfts) - 1))))] * 1e3,
+            "p95": ttfts[min(len(ttfts) - 1, round(0.95 * (len(ttfts) - 1)))] * 1e3,
             "mean": statistics.fmean(ttfts) * 1e3,
         },
         "e2e_ms_mean": statistics.fmean(s.e2e for s in runs) * 1e3,
@@ -129,7 +135,9 @@ async def scenario(engine: HiddenStateEngine, name: str, prompt: list[int], samp
     }
 
 
-def run_engine(settings: ArSettings, plan: list[tuple[str, list[int]]], samples: int, new_tokens: int) -> tuple[list[dict], int]:
+def run_engine(
+    settings: ArSettings, plan: list[tuple[str, list[int]]], samples: int, new_tokens: int
+) -> tuple[list[dict], int]:
     rss = PeakRss()
     engine = HiddenStateEngine(settings)
     engine.start()
@@ -151,8 +159,9 @@ def main() -> None:
     parser.add_argument("--short", type=int, default=600)
     parser.add_argument("--new-tokens", type=int, default=8)
     parser.add_argument("--out", type=Path, default=RESULTS / "prefix_cache.json")
-    parser.add_argument("--pin-threads", action="store_true",
-                        help="give every engine all cores (VLLM_CPU_OMP_THREADS_BIND=0-N)")
+    parser.add_argument(
+        "--pin-threads", action="store_true", help="give every engine all cores (VLLM_CPU_OMP_THREADS_BIND=0-N)"
+    )
     args = parser.parse_args()
     if args.pin_threads:
         # vLLM's 'auto' binding reserves a different number of cores with and without the
@@ -163,20 +172,33 @@ def main() -> None:
     common = dict(kv_cache_bytes=1 << 30, max_model_len=8192, max_num_batched_tokens=2048)
     started = time.time()
     configs = {
-        "caching_on_capture_on": (ArSettings(enable_prefix_caching=True, **common),
-                                  [(s, p) for p in prompts.values() for s in ("B1", "B2")]),
-        "caching_off_capture_on": (ArSettings(enable_prefix_caching=False, **common),
-                                   [("A", p) for p in prompts.values()]),
-        "caching_off_capture_off": (ArSettings(enable_prefix_caching=False, capture_hidden_states=False, **common),
-                                    [("A", p) for p in prompts.values()]),
+        "caching_on_capture_on": (
+            ArSettings(enable_prefix_caching=True, **common),
+            [(s, p) for p in prompts.values() for s in ("B1", "B2")],
+        ),
+        "caching_off_capture_on": (
+            ArSettings(enable_prefix_caching=False, **common),
+            [("A", p) for p in prompts.values()],
+        ),
+        "caching_off_capture_off": (
+            ArSettings(enable_prefix_caching=False, capture_hidden_states=False, **common),
+            [("A", p) for p in prompts.values()],
+        ),
     }
     report: dict = {
-        "command": "python benchmarks/prefix_cache.py " + " ".join(
-            f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k not in ("out", "pin_threads"))
-        + (" --pin-threads" if args.pin_threads else "") + f" --out {args.out}",
-        "machine": {"node": platform.platform(), "cpu": platform.processor() or platform.machine(),
-                    "cores": psutil.cpu_count(), "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
-                    "torch": torch.__version__, "model": ArSettings().model_dir.name, "dtype": "float32"},
+        "command": "python benchmarks/prefix_cache.py "
+        + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k not in ("out", "pin_threads"))
+        + (" --pin-threads" if args.pin_threads else "")
+        + f" --out {args.out}",
+        "machine": {
+            "node": platform.platform(),
+            "cpu": platform.processor() or platform.machine(),
+            "cores": psutil.cpu_count(),
+            "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+            "torch": torch.__version__,
+            "model": ArSettings().model_dir.name,
+            "dtype": "float32",
+        },
         "engines": {},
     }
     for name, (settings, plan) in configs.items():
@@ -191,10 +213,13 @@ def main() -> None:
         raise KeyError((engine, scenario_name, length))
 
     report["ratios"] = {
-        f"{label}_B2_ttft_reduction_vs_B1": 1 - ttft("caching_on_capture_on", "B2", n) / ttft("caching_on_capture_on", "B1", n)
+        f"{label}_B2_ttft_reduction_vs_B1": 1
+        - ttft("caching_on_capture_on", "B2", n) / ttft("caching_on_capture_on", "B1", n)
         for label, n in (("long", args.long), ("short", args.short))
     } | {
-        f"{label}_capture_ttft_overhead_in_A": ttft("caching_off_capture_on", "A", n) / ttft("caching_off_capture_off", "A", n) - 1
+        f"{label}_capture_ttft_overhead_in_A": ttft("caching_off_capture_on", "A", n)
+        / ttft("caching_off_capture_off", "A", n)
+        - 1
         for label, n in (("long", args.long), ("short", args.short))
     }
     report["targets"] = {

@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
+import sys
+
 import torch
-import uvicorn
 
 from dit_service.app import create_dit_app
 from dit_service.settings import DitSettings
+from services.fatal import Fatal
 from services.request_context import configure_logging
+from services.serve import serve
+from services.tracing import configure_tracing
 
 
-def main() -> None:
+def main() -> int:
     settings = DitSettings()
     configure_logging("dit", settings.log_level)
+    configure_tracing("dit")
     if settings.torch_threads is not None:
         torch.set_num_threads(settings.torch_threads)
-    uvicorn.run(create_dit_app(settings), host=settings.host, port=settings.port, log_config=None)
+    fatal = Fatal()
+    return serve(create_dit_app(settings, fatal=fatal), fatal, settings.host, settings.port)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

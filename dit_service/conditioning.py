@@ -18,10 +18,13 @@ import torch
 from dit_service.errors import ConditioningMismatch, EmptyConditioning, PromptTooLong
 from shared.handoff_assembler import AssembledHandoff, AssembledStream
 
+# The public API field each stream's rows come from, named in rejections (the DiT speaks the
+# public API's parameter names, so the AR passes its errors through unchanged).
+PUBLIC_PARAM = {"cond": "prompt", "uncond": "negative_prompt"}
+
 
 @dataclass(frozen=True)
 class ConditioningOptions:
-    drop_prefix_tokens: int
     special_token_ids: frozenset[int]
     image_token_start_id: int | None
     max_sequence_length: int
@@ -37,10 +40,6 @@ class Conditioning:
     prompt_embeds_mask: torch.Tensor
     negative_prompt_embeds: torch.Tensor | None = None
     negative_prompt_embeds_mask: torch.Tensor | None = None
-
-    @property
-    def has_negative(self) -> bool:
-        return self.negative_prompt_embeds is not None
 
 
 class ConditioningAdapter(ABC):
@@ -62,19 +61,24 @@ class ConditioningAdapter(ABC):
         return Conditioning(embeds, mask, negative, negative_mask)
 
     def _prompt_rows(self, stream: AssembledStream) -> range:
-        # Rows before answer_start_index are the prompt; the template prefix never conditions the DiT.
+        # Rows before answer_start_index are the prompt; the template prefix (the open frame's
+        # prefix_tokens, required by OpenFramePolicy) never conditions the DiT.
+        if stream.prefix_tokens is None:
+            raise ConditioningMismatch(f"{self.name} needs the streams' prefix_tokens", param="prefix_tokens")
         end = min(stream.answer_start_index, stream.rows.shape[0])
-        return range(min(self.options.drop_prefix_tokens, end), end)
+        return range(min(stream.prefix_tokens, end), end)
 
     def _embeds(self, name: str, stream: AssembledStream) -> tuple[torch.Tensor, torch.Tensor]:
         indices = self.row_indices(stream)
         count, limit = len(indices), self.options.max_sequence_length
         if count == 0:
             raise EmptyConditioning(
-                f"{self.name}: no rows of the {name!r} stream condition the DiT", param=f"streams.{name}"
+                f"{self.name}: no rows of the {name!r} stream condition the DiT", param=PUBLIC_PARAM[name]
             )
         if count > limit:
-            raise PromptTooLong(f"prompt too long for the DiT ({count} > {limit})", param=f"streams.{name}")
+            raise PromptTooLong(
+                f"{PUBLIC_PARAM[name]} too long for the DiT ({count} > {limit} rows)", param=PUBLIC_PARAM[name]
+            )
         multiple = self.options.pad_to_multiple
         length = min(-(-count // multiple) * multiple, limit)
         selected = stream.rows.index_select(0, torch.tensor(indices, dtype=torch.long)).to(self.options.dtype)
@@ -115,6 +119,10 @@ class ConditioningAdapters:
 
     def __init__(self, options: ConditioningOptions) -> None:
         self._by_name = {kind.name: kind(options) for kind in self.KINDS}
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [kind.name for kind in cls.KINDS]
 
     def get(self, name: str) -> ConditioningAdapter:
         adapter = self._by_name.get(name)

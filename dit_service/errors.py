@@ -23,6 +23,13 @@ class HandoffStalled(DitRejection):
     status = 408
 
 
+class HandoffDeadlineExceeded(DitRejection):
+    """The handoff took longer than the deadline from its first byte to close (a trickling sender)."""
+
+    code = "handoff_deadline_exceeded"
+    status = 408
+
+
 class ConditioningMismatch(DitRejection):
     """The hidden states cannot condition this DiT: wrong width, unknown adapter or wrong AR model."""
 

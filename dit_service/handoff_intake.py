@@ -11,15 +11,16 @@ for the next handoff (page faults on fresh memory cost more than the copy), boun
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing, asynccontextmanager
 
 from prometheus_client import Gauge
 from starlette.requests import ClientDisconnect
 
-from dit_service.errors import HandoffStalled
-from dit_service.metrics import DitMetrics
+from dit_service.errors import HandoffDeadlineExceeded, HandoffStalled
+from dit_service.metrics import CLIENT_DISCONNECTED, DitMetrics
 from shared.errors import HandoffError
 from shared.frame_codec import FrameLimits
 from shared.frames import OpenFrame
@@ -27,6 +28,8 @@ from shared.handoff_assembler import AssembledHandoff, AssemblyCaps, HandoffRece
 from shared.row_buffer_pool import RowBufferPool
 
 OpenCheck = Callable[[OpenFrame], object]
+
+log = logging.getLogger("ardit.dit.intake")
 
 
 class _BufferAccount:
@@ -47,6 +50,7 @@ class HandoffIntake:
         caps: AssemblyCaps,
         limits: FrameLimits,
         stall_timeout: float,
+        deadline: float,
         metrics: DitMetrics,
         pool: RowBufferPool | None = None,
     ) -> None:
@@ -54,6 +58,7 @@ class HandoffIntake:
         self._limits = limits
         self._pool = pool
         self._stall_timeout = stall_timeout
+        self._deadline = deadline
         self._metrics = metrics
 
     @asynccontextmanager
@@ -67,7 +72,7 @@ class HandoffIntake:
                 yield handoff
             except HandoffError as exc:
                 # The consumer refused the assembled rows (e.g. a prompt too long for the DiT).
-                self._metrics.handoff_failures.labels(exc.code).inc()
+                self._failed(exc.code, exc.message)
                 raise
         finally:
             receiver.assembler.release()
@@ -90,32 +95,42 @@ class HandoffIntake:
                         receiver.feed(chunk)
                     finally:
                         account.set(receiver.assembler.allocated_bytes)
-                        metrics.handoff_bytes_received.inc(len(chunk))
-                        metrics.handoff_frames_received.inc(receiver.reader.frames - frames_before)
+                        metrics.handoff_received_bytes.inc(len(chunk))
+                        metrics.handoff_received_frames.inc(receiver.reader.frames - frames_before)
                     if not opened and receiver.assembler.open is not None:
                         opened = True
                         check_open(receiver.assembler.open)
             handoff = receiver.finish()
         except HandoffError as exc:
-            metrics.handoff_failures.labels(exc.code).inc()
+            self._failed(exc.code, exc.message)
             raise
         except ClientDisconnect:
-            metrics.handoff_failures.labels("client_disconnected").inc()
+            self._failed(CLIENT_DISCONNECTED, "the sender went away mid-handoff")
             raise
         finally:
             metrics.handoffs_in_flight.dec()
         metrics.handoff_receive_seconds.observe(time.monotonic() - started)
         return handoff
 
-    async def _paced(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-        """The body's chunks, ending the handoff when none arrives within the stall timeout."""
+    def _failed(self, reason: str, message: str) -> None:
+        # The log line carries the request id (x-request-id, set by the AR) through the log filter.
+        log.warning("handoff failed (%s): %s", reason, message)
+        self._metrics.handoff_failures.labels(reason).inc()
+
+    async def _paced(self, chunks: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
+        """The body's chunks, ending the handoff when none arrives within the stall timeout or
+        the whole body has not arrived within the deadline."""
         iterator = aiter(chunks)
+        deadline = time.monotonic() + self._deadline
         while True:
+            left = deadline - time.monotonic()
             try:
-                chunk = await asyncio.wait_for(anext(iterator), self._stall_timeout)
+                chunk = await asyncio.wait_for(anext(iterator), min(self._stall_timeout, max(0.0, left)))
             except StopAsyncIteration:
                 return
             except TimeoutError:
+                if left <= self._stall_timeout:
+                    raise HandoffDeadlineExceeded(f"the handoff took over {self._deadline:g} s; ended") from None
                 raise HandoffStalled(f"no bytes for {self._stall_timeout:g} s; handoff ended") from None
             if chunk:
                 yield chunk

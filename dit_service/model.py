@@ -3,21 +3,54 @@
 One ``QwenImagePipeline`` object is not thread-safe (its scheduler holds the step index and its
 ``_interrupt``/``_guidance_scale`` live on the object), but the weights are read-only during
 inference. So the weights are loaded once and each request gets a fresh pipeline object over the
-same transformer and VAE with its own scheduler built from the shared config.
+same transformer and VAE with its own scheduler built from the shared config: text to image
+(``QwenImagePipeline``), or an edit (``QwenImageImg2ImgPipeline``, ``QwenImageInpaintPipeline``
+with a mask) — the same components driven the way diffusers' own edit pipelines drive them.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal
 
 import torch
-from diffusers import FlowMatchEulerDiscreteScheduler, QwenImagePipeline
+from diffusers import (
+    FlowMatchEulerDiscreteScheduler,
+    QwenImageImg2ImgPipeline,
+    QwenImageInpaintPipeline,
+    QwenImagePipeline,
+)
+from pydantic import BaseModel, ConfigDict
 
 from shared.tensor_codec import ALLOWED_DTYPES
 
 log = logging.getLogger("ardit.dit.model")
+
+
+MODEL_CARD_FILE = "ardit.json"
+
+
+class ModelCard(BaseModel):
+    """Optional ``ardit.json`` in a model directory: what the model is and renders best.
+
+    A checkpoint made for ardit (the trained demo model) says so here; any other checkpoint has
+    no card, and the settings' defaults describe it.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    description: str | None = None
+    default_size: str | None = None  # "WIDTHxHEIGHT"
+    default_num_inference_steps: int | None = None
+    default_guidance_scale: float | None = None
+
+    @classmethod
+    def read(cls, model_dir: Path) -> ModelCard:
+        path = model_dir / MODEL_CARD_FILE
+        return cls.model_validate_json(path.read_text()) if path.exists() else cls()
 
 
 @dataclass(frozen=True)
@@ -34,11 +67,27 @@ class ModelFacts:
     device: torch.device
 
 
+# diffusers registers a pipeline's components at run time (``register_modules``), so to a type
+# checker ``transformer``, ``vae``, ``scheduler``... are not attributes of ``QwenImagePipeline``.
+Pipeline = Any
+PipelineKind = Literal["text_to_image", "image_to_image", "inpaint"]
+_PIPELINES: dict[PipelineKind, type] = {
+    "text_to_image": QwenImagePipeline,
+    "image_to_image": QwenImageImg2ImgPipeline,
+    "inpaint": QwenImageInpaintPipeline,
+}
+
+
 class DitModel:
-    def __init__(self, base: QwenImagePipeline, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(self, base: Pipeline, device: torch.device, dtype: torch.dtype, card: ModelCard) -> None:
         self._base = base
+        self.card = card
         self.transformer = base.transformer
         self.vae = base.vae
+        # AutoencoderKLQwenImage keeps its causal-conv feature cache on the module itself
+        # (clear_cache/_feat_map), so two encodes or decodes at once on the shared VAE corrupt each
+        # other: every use of ``vae`` outside a pipeline takes this lock.
+        self.vae_lock = threading.Lock()
         self.vae_scale_factor: int = base.vae_scale_factor
         self.facts = ModelFacts(
             joint_attention_dim=int(base.transformer.config.joint_attention_dim),
@@ -54,15 +103,15 @@ class DitModel:
         base = QwenImagePipeline.from_pretrained(str(model_dir), text_encoder=None, tokenizer=None, dtype=dtype)
         base.to(device)
         log.info("loaded %s on %s as %s", model_dir, device, dtype_name)
-        return cls(base, torch.device(device), dtype)
+        return cls(base, torch.device(device), dtype, ModelCard.read(model_dir))
 
     @property
     def latent_channels(self) -> int:
         # The transformer sees 2x2 patches of VAE latents packed into its channels.
         return int(self.transformer.config.in_channels) // 4
 
-    def new_pipeline(self) -> QwenImagePipeline:
-        pipeline = QwenImagePipeline(
+    def new_pipeline(self, kind: PipelineKind = "text_to_image") -> Pipeline:
+        pipeline: Pipeline = _PIPELINES[kind](
             scheduler=FlowMatchEulerDiscreteScheduler.from_config(self._base.scheduler.config),
             vae=self.vae,
             text_encoder=None,

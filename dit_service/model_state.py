@@ -3,6 +3,7 @@
 The HTTP server starts at once so /healthz and /readyz answer during a (possibly long) load;
 /readyz turns ready only after a one-step render at the smallest size has gone through the whole
 path (transformer, VAE, encoder), which also pays one-time costs before real traffic arrives.
+Once ready, /readyz's body carries what this DiT announces (its capabilities).
 """
 
 from __future__ import annotations
@@ -10,27 +11,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Generic, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, Generic, TypeVar
 
 import torch
 
 from dit_service.conditioning import Conditioning
 from dit_service.model import DitModel
 from dit_service.pipeline_runner import PipelineRunner, RenderJob
+from services.app import Readiness
 from services.errors import ApiError
+from services.fatal import Fatal
 from shared.frames import DiffusionParams
 
 log = logging.getLogger("ardit.dit.model_state")
 
 Loaded = TypeVar("Loaded")
-
-
-@dataclass(frozen=True)
-class Readiness:
-    ready: bool
-    reason: str
 
 
 def warmup_job(model: DitModel) -> RenderJob:
@@ -49,8 +45,10 @@ def warmup_job(model: DitModel) -> RenderJob:
 class ModelState(Generic[Loaded]):
     """``load`` builds the model and what serves it; ``require`` hands that out once warmed up."""
 
-    def __init__(self, retry_after_seconds: int) -> None:
+    def __init__(self, retry_after_seconds: int, announce: Callable[[Loaded], Mapping[str, Any]], fatal: Fatal) -> None:
         self._retry_after = retry_after_seconds
+        self._announce = announce
+        self._fatal = fatal
         self._loaded: Loaded | None = None
         self._readiness = Readiness(False, "model not loaded yet")
 
@@ -69,16 +67,19 @@ class ModelState(Generic[Loaded]):
         except Exception as exc:
             log.exception("model load failed")
             self._readiness = Readiness(False, f"model load failed ({type(exc).__name__})")
+            self._fatal.trigger(f"DiT model load failed ({type(exc).__name__}: {exc})")
             return
         self._loaded = loaded
-        self._readiness = Readiness(True, "ready")
+        self._readiness = Readiness(True, "ready", self._announce(loaded))
         log.info("model ready")
 
-    async def readiness(self) -> tuple[bool, str]:
-        return self._readiness.ready, self._readiness.reason
+    async def readiness(self) -> Readiness:
+        if self._fatal.reason is not None:
+            return Readiness(False, f"failed: {self._fatal.reason}")
+        return self._readiness
 
     def require(self) -> Loaded:
-        if self._loaded is None:
+        if self._loaded is None or self._fatal.reason is not None:
             raise ApiError(
                 503,
                 f"the DiT is not ready: {self._readiness.reason}",

@@ -5,6 +5,11 @@ loop through a queue, so previews and images reach the sender as soon as they ex
 task of its own, not part of the response: if the client disconnects, the response is cancelled,
 the run is told to stop at its next denoising step, and the semaphore and run ticket are only
 given back once the thread has actually finished (so capacity accounting never lies).
+
+The sender is never left in silence longer than ``progress_interval``: a ``progress`` frame goes
+out when nothing else did (queued, or a long step), so silence means this process is frozen.
+A pipeline that fails ``max_consecutive_failures`` runs in a row cannot run any more: that is
+fatal (the process exits and its supervisor restarts it).
 """
 
 from __future__ import annotations
@@ -21,8 +26,18 @@ from starlette.responses import StreamingResponse
 
 from dit_service.admission import RunTicket
 from dit_service.metrics import DitMetrics
-from dit_service.pipeline_runner import FrameSink, PipelineRunner, RenderCancelled, RenderJob, RenderTimings
-from shared.result_frames import RESULT_MEDIA_TYPE, DoneFrame, ErrorFrame, ImageFrame, PartialImageFrame, encode_result
+from dit_service.pipeline_runner import EmitResult, RenderCancelled, RenderJob, RenderTimings
+from dit_service.render_scheduler import RenderScheduler
+from services.fatal import Fatal
+from shared.result_frames import (
+    RESULT_MEDIA_TYPE,
+    DoneFrame,
+    ErrorFrame,
+    ImageFrame,
+    PartialImageFrame,
+    ProgressFrame,
+    encode_result,
+)
 
 log = logging.getLogger("ardit.dit.results")
 
@@ -34,12 +49,23 @@ class _RunEnded:
 
 
 class ResultStream:
-    def __init__(self, runner: PipelineRunner, run_slots: asyncio.Semaphore, metrics: DitMetrics) -> None:
-        self._runner = runner
-        self._run_slots = run_slots
+    def __init__(
+        self,
+        scheduler: RenderScheduler,
+        metrics: DitMetrics,
+        fatal: Fatal,
+        *,
+        progress_interval: float,
+        max_consecutive_failures: int,
+    ) -> None:
+        self._scheduler = scheduler
         self._metrics = metrics
+        self._fatal = fatal
+        self._progress_interval = progress_interval
+        self._max_failures = max_consecutive_failures
+        self._failures_in_a_row = 0
         # Strong references: the event loop only keeps weak ones to tasks.
-        self._runs: set[asyncio.Task] = set()
+        self._runs: set[asyncio.Task[None]] = set()
 
     def respond(self, job: RenderJob, ticket: RunTicket, started: float, handoff_seconds: float) -> StreamingResponse:
         """Starts the run now and answers with its frames: previews, images, then ``done`` (or ``error``).
@@ -49,10 +75,10 @@ class ResultStream:
         stream ends or the client disconnects, which tells an abandoned run to stop.
         """
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[PartialImageFrame | ImageFrame | _RunEnded] = asyncio.Queue()
+        queue: asyncio.Queue[PartialImageFrame | ImageFrame | ProgressFrame | _RunEnded] = asyncio.Queue()
         cancel = threading.Event()
 
-        def emit(frame: PartialImageFrame | ImageFrame) -> None:
+        def emit(frame: PartialImageFrame | ImageFrame | ProgressFrame) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, frame)
 
         run = asyncio.create_task(self._run(job, emit, cancel, ticket, queue))
@@ -62,52 +88,72 @@ class ResultStream:
         return StreamingResponse(frames, media_type=RESULT_MEDIA_TYPE, background=BackgroundTask(cancel.set))
 
     async def _frames(
-        self, job: RenderJob, queue: asyncio.Queue, cancel: threading.Event, started: float, handoff_seconds: float
+        self,
+        job: RenderJob,
+        queue: asyncio.Queue[PartialImageFrame | ImageFrame | ProgressFrame | _RunEnded],
+        cancel: threading.Event,
+        started: float,
+        handoff_seconds: float,
     ) -> AsyncIterator[bytes]:
+        total = job.denoising_steps * job.params.num_images
+        progress = ProgressFrame(request_id=job.request_id, step=0, steps=total)
+        last_sent = time.monotonic()
         try:
             while True:
-                item = await queue.get()
-                if not isinstance(item, _RunEnded):
-                    yield encode_result(item)
+                wait = max(0.0, last_sent + self._progress_interval - time.monotonic())
+                try:
+                    item: PartialImageFrame | ImageFrame | ProgressFrame | _RunEnded | None = await asyncio.wait_for(
+                        queue.get(), wait
+                    )
+                except TimeoutError:
+                    item = None  # nothing sent for a while: say where the run is
+                if isinstance(item, _RunEnded):
+                    yield encode_result(self._last_frame(job, item, started, handoff_seconds))
+                    return
+                if isinstance(item, ProgressFrame):
+                    progress = item  # sent only when nothing else is
                     continue
-                yield encode_result(self._last_frame(job, item, started, handoff_seconds))
-                return
+                yield encode_result(progress if item is None else item)
+                last_sent = time.monotonic()
         finally:
             cancel.set()
             self._metrics.request_seconds.observe(time.monotonic() - started)
 
     async def _run(
-        self, job: RenderJob, emit: FrameSink, cancel: threading.Event, ticket: RunTicket, queue: asyncio.Queue
+        self,
+        job: RenderJob,
+        emit: EmitResult,
+        cancel: threading.Event,
+        ticket: RunTicket,
+        queue: asyncio.Queue[PartialImageFrame | ImageFrame | ProgressFrame | _RunEnded],
     ) -> None:
         metrics = self._metrics
-        waited = time.monotonic()
         timings, queue_seconds = None, 0.0
         try:
-            async with self._run_slots:
-                queue_seconds = time.monotonic() - waited
-                metrics.queue_wait_seconds.observe(queue_seconds)
-                if cancel.is_set():
-                    raise RenderCancelled()
-                metrics.pipeline_runs_in_flight.inc()
-                try:
-                    timings = await asyncio.to_thread(self._runner.render, job, emit, cancel)
-                finally:
-                    metrics.pipeline_runs_in_flight.dec()
-                log.info("rendered %d image(s) of %dx%d, %d steps", job.params.num_images, job.params.width,
-                         job.params.height, job.params.num_inference_steps)
+            timings, queue_seconds = await self._scheduler.run(job, emit, cancel)
+            self._failures_in_a_row = 0
+            log.info(
+                "rendered %d image(s) of %dx%d, %d steps",
+                job.params.num_images,
+                job.params.width,
+                job.params.height,
+                job.params.num_inference_steps,
+            )
         except RenderCancelled:
             metrics.pipeline_failures.labels("client_disconnected").inc()
         except Exception:
             log.exception("pipeline run for %s failed", job.request_id)
             metrics.pipeline_failures.labels("error").inc()
+            self._failures_in_a_row += 1
+            if self._failures_in_a_row >= self._max_failures:
+                self._fatal.trigger(f"the pipeline failed {self._failures_in_a_row} runs in a row")
         finally:
             ticket.release()
+            job.trace.end(finished=timings is not None)
             queue.put_nowait(_RunEnded(timings, queue_seconds))
 
     @staticmethod
-    def _last_frame(
-        job: RenderJob, ended: _RunEnded, started: float, handoff_seconds: float
-    ) -> DoneFrame | ErrorFrame:
+    def _last_frame(job: RenderJob, ended: _RunEnded, started: float, handoff_seconds: float) -> DoneFrame | ErrorFrame:
         if ended.timings is None:
             # No internals in the body; the log has the traceback.
             return ErrorFrame(
@@ -119,6 +165,7 @@ class ResultStream:
             timings={
                 "handoff": handoff_seconds,
                 "queue": ended.queue_seconds,
+                "vae_encode": timings.vae_encode,
                 "denoise": timings.denoise,
                 "previews": timings.previews,
                 "vae_decode": timings.vae_decode,

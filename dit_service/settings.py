@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from services.checkpoints import default_model_dir
 from shared.frame_codec import FrameLimits
 from shared.handoff_assembler import AssemblyCaps
 
 TorchDtypeName = Literal["float32", "bfloat16", "float16"]
-
-
-def default_model_dir() -> Path:
-    base = os.environ.get("ARDIT_CACHE_DIR") or os.path.join("~", ".cache", "ardit")
-    return Path(base).expanduser() / "models" / "qwen-image-tiny"
+DEFAULT_MODEL = "qwen-image-tiny"
+SIZE_PATTERN = r"^[1-9][0-9]{0,5}x[1-9][0-9]{0,5}$"
 
 
 class DitSettings(BaseSettings):
@@ -25,7 +22,8 @@ class DitSettings(BaseSettings):
 
     # --- model -------------------------------------------------------------------------------
     model_dir: Path = Field(
-        default_factory=default_model_dir, description="QwenImagePipeline directory (no text encoder needed)."
+        default_factory=lambda: default_model_dir(DEFAULT_MODEL),
+        description="QwenImagePipeline directory (no text encoder needed).",
     )
     device: Literal["cpu", "cuda"] = Field("cpu", description="Where the pipeline runs.")
     dtype: TorchDtypeName | None = Field(None, description="Model dtype; default float32 on CPU, bfloat16 on CUDA.")
@@ -60,12 +58,27 @@ class DitSettings(BaseSettings):
     stall_timeout_seconds: Annotated[float, Field(gt=0)] = Field(
         30.0, description="A handoff that sends no bytes for this long is ended and its memory released."
     )
+    handoff_deadline_seconds: Annotated[float, Field(gt=0)] = Field(
+        300.0, description="Longest handoff from its first byte to close, however steadily bytes trickle in."
+    )
+    progress_interval_seconds: Annotated[float, Field(gt=0)] = Field(
+        2.0, description="A progress frame goes to the AR after this long without a result frame (queued or rendering)."
+    )
+    batch_max_size: Annotated[int, Field(ge=1)] = Field(
+        1, description="Compatible text-to-image requests denoised as one batch, at most (1: no batching)."
+    )
+    batch_window_ms: Annotated[float, Field(ge=0)] = Field(
+        20.0, description="How long the next run waits for compatible requests to batch with (batching on)."
+    )
+    max_consecutive_pipeline_failures: Annotated[int, Field(ge=1)] = Field(
+        3, description="Pipeline runs failing in a row before the DiT declares itself broken and exits."
+    )
 
     # --- receiver caps (shared AssemblyCaps / FrameLimits) -------------------------------------
     max_rows: Annotated[int, Field(ge=1)] = Field(AssemblyCaps.max_rows, description="Max rows per stream.")
     max_hidden_size: Annotated[int, Field(ge=1)] = Field(AssemblyCaps.max_hidden_size, description="Max hidden size.")
     max_buffer_bytes: Annotated[int, Field(ge=1)] = Field(
-        AssemblyCaps.max_bytes, description="Max row-buffer bytes one handoff may allocate."
+        AssemblyCaps.max_bytes, description="Max bytes of rows and edit pixels one handoff may allocate."
     )
     max_frame_header_bytes: Annotated[int, Field(ge=64)] = Field(
         FrameLimits.max_header_bytes, description="Max bytes of one frame's msgpack header."
@@ -78,9 +91,6 @@ class DitSettings(BaseSettings):
     )
 
     # --- conditioning ----------------------------------------------------------------------------
-    drop_prefix_tokens: Annotated[int, Field(ge=0)] = Field(
-        0, description="Rows of the AR prompt template prefix that do not condition the DiT (Qwen-Image: 34)."
-    )
     special_token_ids: frozenset[int] = Field(
         frozenset(), description="Token ids whose rows ar_generated drops from the text part (JSON list in env)."
     )
@@ -94,10 +104,23 @@ class DitSettings(BaseSettings):
         1, description="Right-pad conditioning to a multiple of this (with a mask) so few shapes occur."
     )
 
-    # --- diffusion limits -----------------------------------------------------------------------
+    # --- diffusion defaults (announced to the AR; None: the model's ardit.json, else the fallback) -
+    default_size: Annotated[str, Field(pattern=SIZE_PATTERN)] | None = Field(
+        None, description="WIDTHxHEIGHT for size=auto (None: the model card's, else 256x256)."
+    )
+    default_num_inference_steps: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="Steps when a request names neither steps nor quality (None: the model card's, else 8)."
+    )
+    default_guidance_scale: Annotated[float, Field(ge=0)] | None = Field(
+        None, description="guidance_scale when a request gives none (None: the model card's, else 1.0); > 1 is CFG."
+    )
+
+    # --- diffusion limits (announced to the AR, enforced on every open frame) ---------------------
     max_pixels: Annotated[int, Field(ge=1)] = Field(2 * 1024 * 1024, description="Max width*height.")
     max_inference_steps: Annotated[int, Field(ge=1)] = Field(100, description="Max num_inference_steps.")
-    max_images_per_handoff: Annotated[int, Field(ge=1)] = Field(10, description="Max num_images (OpenAI allows n up to 10).")
+    max_images_per_handoff: Annotated[int, Field(ge=1)] = Field(
+        10, description="Max num_images (OpenAI allows n up to 10)."
+    )
     max_guidance_scale: Annotated[float, Field(ge=0)] = Field(50.0, description="Max guidance_scale.")
 
     @property
@@ -109,7 +132,10 @@ class DitSettings(BaseSettings):
     @property
     def assembly_caps(self) -> AssemblyCaps:
         return AssemblyCaps(
-            max_rows=self.max_rows, max_hidden_size=self.max_hidden_size, max_bytes=self.max_buffer_bytes
+            max_rows=self.max_rows,
+            max_hidden_size=self.max_hidden_size,
+            max_bytes=self.max_buffer_bytes,
+            max_image_pixels=self.max_pixels,
         )
 
     @property

@@ -1,23 +1,50 @@
-"""The app factory both services use: error bodies, request ids, health, readiness, metrics.
+"""The app factory both services use: error bodies, request ids, health, readiness, metrics, traces.
 
 Each service passes a readiness probe (model loaded and warmed, peer reachable) and its routers;
-everything an operator relies on behaves the same on both.
+everything an operator relies on behaves the same on both: every response is counted by route,
+method and status, every error body by its code, readiness is exported at each scrape
+(``AppMetrics``), and every request but the probes and ``untraced_paths`` gets a server span
+(``services.tracing``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import Any
 
 from fastapi import FastAPI, Response
 from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from services.errors import install_error_handlers
+from services.app_metrics import AppMetrics
+from services.errors import ErrorBody, install_error_handlers
 from services.request_context import RequestIdMiddleware
+from services.tracing import instrument_app
 
-# Returns (ready, reason). Must be cheap: probes call it every few seconds.
-ReadinessProbe = Callable[[], Awaitable[tuple[bool, str]]]
+
+class _Wrapped:
+    """Adapts a plain ``app -> app`` wrapper to Starlette's middleware stack."""
+
+    def __init__(self, app: ASGIApp, wrap: Callable[[ASGIApp], ASGIApp]) -> None:
+        self._wrapped = wrap(app)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._wrapped(scope, receive, send)
+
+
+@dataclass(frozen=True)
+class Readiness:
+    ready: bool
+    reason: str
+    # More of the /readyz body (the DiT announces its capabilities here).
+    details: Mapping[str, Any] | None = None
+
+
+# Must be cheap: probes call it every few seconds.
+ReadinessProbe = Callable[[], Awaitable[Readiness]]
 
 
 def create_app(
@@ -25,23 +52,66 @@ def create_app(
     *,
     lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None,
     readiness: ReadinessProbe,
-    registry: CollectorRegistry = REGISTRY,
+    registry: CollectorRegistry,
+    app_metrics: AppMetrics,
+    untraced_paths: Iterable[str] = (),
+    gate: Callable[[ASGIApp], ASGIApp] | None = None,
 ) -> FastAPI:
+    """``gate`` wraps the app inside the request-id layer (so its refusals carry the id too)."""
     app = FastAPI(title=title, lifespan=lifespan)
-    install_error_handlers(app)
+    install_error_handlers(app, app_metrics.count_error)
+    if gate is not None:
+        app.add_middleware(_Wrapped, wrap=gate)
     app.add_middleware(RequestIdMiddleware)
+    app_metrics.install(app)
+    instrument_app(app, untraced_paths)
 
     @app.get("/healthz", include_in_schema=False)
-    async def healthz() -> dict:
+    @app.get("/health", include_in_schema=False)  # vLLM's name, which routers (vllm-router) call
+    async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
     @app.get("/readyz", include_in_schema=False)
     async def readyz() -> JSONResponse:
-        ready, reason = await readiness()
-        return JSONResponse({"status": "ready" if ready else "not_ready", "reason": reason}, status_code=200 if ready else 503)
+        state = await readiness()
+        body = {"status": "ready" if state.ready else "not_ready", "reason": state.reason, **(state.details or {})}
+        return JSONResponse(body, status_code=200 if state.ready else 503)
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:
+        app_metrics.ready.set(int((await readiness()).ready))
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
+    _document_400_not_422(app)
     return app
+
+
+def _document_400_not_422(app: FastAPI) -> None:
+    """Invalid input is answered 400 with the OpenAI body (install_error_handlers), never FastAPI's
+    422: the OpenAPI document says what the service really returns."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = generate()
+            for path in schema.get("paths", {}).values():
+                for operation in path.values():
+                    responses = operation.get("responses", {})
+                    if "HTTPValidationError" not in str(responses.get("422", "")):
+                        continue  # a 422 the service itself answers (the DiT's refusals)
+                    del responses["422"]
+                    if "400" not in responses:
+                        responses["400"] = {
+                            "description": "invalid_request_error",
+                            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}},
+                        }
+            schemas = schema.get("components", {}).get("schemas", {})
+            for unused in ("HTTPValidationError", "ValidationError"):
+                schemas.pop(unused, None)
+            schemas.setdefault("ErrorBody", ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}"))
+            schemas.update(ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}").get("$defs", {}))
+            schemas["ErrorBody"].pop("$defs", None)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

@@ -2,16 +2,21 @@
 
 ``{"error": {"message", "type", "param", "code"}}`` is what OpenAI clients parse; the ``type``
 values follow OpenAI's (``invalid_request_error``, ``authentication_error``, ...). No stack
-traces ever reach a body: unexpected exceptions become a generic 500 and are logged.
+traces ever reach a body: unexpected exceptions become a generic 500 and are logged. Every body
+the handlers render is reported to ``on_error`` first (the service's error counter).
 """
 
 from __future__ import annotations
 
 import logging
+import math
+from collections.abc import Callable
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger("ardit.errors")
@@ -28,6 +33,24 @@ _TYPE_BY_STATUS = {
     503: "service_unavailable_error",
     504: "timeout_error",
 }
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorBody(BaseModel):
+    """The body of every error answer (documented in the OpenAPI of both services)."""
+
+    error: ErrorDetail
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` entries for these error statuses, all with the OpenAI error body."""
+    return {status: {"model": ErrorBody, "description": _TYPE_BY_STATUS.get(status, "error")} for status in statuses}
 
 
 class ApiError(Exception):
@@ -51,37 +74,61 @@ class ApiError(Exception):
         self.type = type or _TYPE_BY_STATUS.get(status, "server_error" if status >= 500 else "invalid_request_error")
         self.headers = headers or {}
 
-    def body(self) -> dict:
+    def body(self) -> dict[str, dict[str, str | None]]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
-def _param_of(loc: tuple) -> str | None:
+class Overloaded(ApiError):
+    """429: no room for this request now (a full queue, or a wait longer than allowed).
+
+    The one admission refusal of both services; ``Retry-After`` is whole seconds, at least 1.
+    """
+
+    def __init__(self, message: str, *, code: str, retry_after: float) -> None:
+        super().__init__(429, message, code=code, headers={"Retry-After": str(max(1, math.ceil(retry_after)))})
+
+
+def _param_of(loc: tuple[int | str, ...]) -> str | None:
     # FastAPI locations look like ("body", "size") or ("query", "limit").
     parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
     return ".".join(parts) or None
 
 
-def install_error_handlers(app: FastAPI) -> None:
+ErrorObserver = Callable[[ApiError], None]
+
+
+def install_error_handlers(app: FastAPI, on_error: ErrorObserver) -> None:
+    def respond(error: ApiError) -> JSONResponse:
+        on_error(error)
+        return error.response()
+
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
-        return exc.response()
+        return respond(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
         param = _param_of(tuple(first.get("loc", ())))
+        if first.get("type") == "extra_forbidden":
+            # OpenAI's own answer to a field it does not know.
+            return ApiError(400, f"Unknown parameter: '{param}'.", param=param, code="unknown_parameter").response()
         message = f"{param}: {first['msg']}" if param else str(first["msg"])
-        return ApiError(400, message, param=param, code="invalid_value").response()
+        return respond(ApiError(400, message, param=param, code="invalid_value"))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        return ApiError(exc.status_code, str(exc.detail), code=code, headers=dict(exc.headers or {})).response()
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code in (404, 405):
+            # A route is a method and a path: any pair no route serves is an unknown URL, in
+            # OpenAI's words (a POST under a GET-only path is not a "method not allowed").
+            message = f"Invalid URL ({request.method} {request.url.path})"
+            return respond(ApiError(404, message, code="not_found"))
+        return respond(ApiError(exc.status_code, str(exc.detail), headers=dict(exc.headers or {})))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return ApiError(500, "internal server error", type="server_error", code="internal_error").response()
+        return respond(ApiError(500, "internal server error", type="server_error", code="internal_error"))

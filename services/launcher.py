@@ -1,13 +1,18 @@
-"""``make run``: start the DiT and the AR service as two processes on this machine.
+"""``make run``: start the DiT and the AR service as two supervised processes on this machine.
 
 Both get the same internal handoff token (a fresh random one unless ``ARDIT_HANDOFF_TOKEN`` is
-set). The launcher waits for the AR's ``/readyz``, prints the URL, and on Ctrl-C (or if either
-service dies) stops both. Every other setting passes through from the environment
-(``ARDIT_AR_*``, ``ARDIT_DIT_*``, see README).
+set). The launcher prints the URL once the AR is ready, then supervises: a service that exits is
+restarted with exponential backoff while the other keeps running (the AR answers 503 ``not_ready``
+while its DiT is down, and serves again as soon as the DiT is back). A service that crashes
+``MAX_CRASHES`` times within ``CRASH_WINDOW_SECONDS`` is given up on, loudly, and the launcher
+stops everything and exits non-zero. Ctrl-C or SIGTERM stops both. The services get a
+parent-death signal, so they do not outlive a launcher that is killed outright. Every other
+setting passes through from the environment (``ARDIT_AR_*``, ``ARDIT_DIT_*``, see README).
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import secrets
 import signal
@@ -16,74 +21,132 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections import deque
+from dataclasses import dataclass, field
 
-# Rows of the default (Qwen-Image) prompt template's system prefix, which the DiT drops.
-# tests/ar_service/test_prompt_builder.py checks the AR's template still has this many.
-DEFAULT_TEMPLATE_PREFIX_TOKENS = 34
+MAX_CRASHES = 5
+CRASH_WINDOW_SECONDS = 120.0
+BACKOFF_SECONDS = (1.0, 30.0)  # first restart delay, longest
+POLL_SECONDS = 0.5
+_PR_SET_PDEATHSIG = 1
 
 
 def service_environment() -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("ARDIT_HANDOFF_TOKEN", secrets.token_urlsafe(24))
-    env.setdefault("ARDIT_DIT_DROP_PREFIX_TOKENS", str(DEFAULT_TEMPLATE_PREFIX_TOKENS))
     ar_host, dit_host = env.get("ARDIT_AR_HOST", "127.0.0.1"), env.get("ARDIT_DIT_HOST", "127.0.0.1")
     env.setdefault("ARDIT_AR_DIT_URL", f"http://{dit_host}:{env.get('ARDIT_DIT_PORT', '8001')}")
     env["ARDIT_LAUNCHER_AR_URL"] = f"http://{ar_host}:{env.get('ARDIT_AR_PORT', '8000')}"
     return env
 
 
-def wait_ready(url: str, processes: list[subprocess.Popen], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if any(p.poll() is not None for p in processes):
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the launcher dies, however it dies (Linux)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+@dataclass
+class Service:
+    name: str
+    module: str
+    env: dict[str, str]
+    process: subprocess.Popen[bytes] | None = None
+    crashes: deque[float] = field(default_factory=deque)
+    restart_at: float | None = None
+
+    def start(self) -> None:
+        # Own session: a terminal's Ctrl-C reaches only the launcher, which then asks each service
+        # once to shut down (a second SIGINT would make uvicorn skip its graceful shutdown).
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", self.module], env=self.env, start_new_session=True, preexec_fn=_die_with_parent
+        )
+        self.restart_at = None
+
+    def exited(self) -> int | None:
+        """The exit code if it has exited since it was started, else None."""
+        if self.process is None or self.restart_at is not None:
+            return None
+        return self.process.poll()
+
+    def crashed(self, now: float) -> bool:
+        """Record an exit; schedule the restart. False when it crashed too often to try again."""
+        self.crashes.append(now)
+        while self.crashes and now - self.crashes[0] > CRASH_WINDOW_SECONDS:
+            self.crashes.popleft()
+        if len(self.crashes) >= MAX_CRASHES:
             return False
-        try:
-            with urllib.request.urlopen(f"{url}/readyz", timeout=2) as response:
-                if response.status == 200:
-                    return True
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(1.0)
-    return False
+        first, longest = BACKOFF_SECONDS
+        self.restart_at = now + min(longest, first * 2 ** (len(self.crashes) - 1))
+        return True
 
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
 
-def stop(processes: list[subprocess.Popen]) -> None:
-    for p in processes:
-        if p.poll() is None:
-            p.send_signal(signal.SIGINT)
-    for p in processes:
+    def wait_stopped(self) -> None:
+        if self.process is None:
+            return
         try:
-            p.wait(timeout=20)
+            self.process.wait(timeout=20)
         except subprocess.TimeoutExpired:
-            p.kill()
+            self.process.kill()
+
+
+def ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/readyz", timeout=2) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def say(message: str) -> None:
+    print(f"ardit: {message}", file=sys.stderr, flush=True)
+
+
+def supervise(services: list[Service], url: str, ready_timeout: float) -> int:
+    started = time.monotonic()
+    announced = False
+    while True:
+        now = time.monotonic()
+        for service in services:
+            code = service.exited()
+            if code is not None:
+                if not service.crashed(now):
+                    say(f"{service.name} crashed {MAX_CRASHES} times within {CRASH_WINDOW_SECONDS:g} s; giving up")
+                    return 1
+                delay = (service.restart_at or now) - now
+                say(f"{service.name} exited with code {code}; restarting it in {delay:.0f} s")
+            if service.restart_at is not None and now >= service.restart_at:
+                service.start()
+        if not announced and ready(url):
+            announced = True
+            print(f"\nardit is ready: {url}/v1/images/generations  (Ctrl-C stops both services)\n", flush=True)
+        elif not announced and now - started > ready_timeout:
+            say(f"not ready after {ready_timeout:g} s (see the log above)")
+            return 1
+        time.sleep(POLL_SECONDS)
 
 
 def main() -> int:
     env = service_environment()
-    url = env["ARDIT_LAUNCHER_AR_URL"]
-    # Own sessions: a terminal's Ctrl-C reaches only the launcher, which then asks each service
-    # once to shut down (a second SIGINT would make uvicorn skip its graceful shutdown).
-    processes = [
-        subprocess.Popen([sys.executable, "-m", "dit_service"], env=env, start_new_session=True),
-        subprocess.Popen([sys.executable, "-m", "ar_service"], env=env, start_new_session=True),
-    ]
+    services = [Service("dit", "dit_service", env), Service("ar", "ar_service", env)]
     # Ctrl-C and SIGTERM both stop the pair; SIGINT explicitly, since a launcher started in the
     # background inherits it ignored.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        if not wait_ready(url, processes, timeout=float(env.get("ARDIT_LAUNCHER_READY_TIMEOUT", "600"))):
-            print("ardit: a service failed to start (see the log above)", file=sys.stderr)
-            return 1
-        print(f"\nardit is ready: {url}/v1/images/generations  (Ctrl-C stops both services)\n", flush=True)
-        while all(p.poll() is None for p in processes):
-            time.sleep(0.5)
-        print("ardit: a service exited; stopping the other", file=sys.stderr)
-        return 1
+        for service in services:
+            service.start()
+        return supervise(services, env["ARDIT_LAUNCHER_AR_URL"], float(env.get("ARDIT_LAUNCHER_READY_TIMEOUT", "600")))
     except KeyboardInterrupt:
         return 0
     finally:
-        stop(processes)
+        for service in services:
+            service.stop()
+        for service in services:
+            service.wait_stopped()
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """The frames of one AR→DiT handoff, as typed models. HANDOFF_SPEC.md is the prose version.
 
-A handoff is ``open``, then ``rows`` frames (any order, any split), then ``close`` — or ``abort``
-at any point. Each frame is one msgpack map; the raw row bytes of a ``rows`` frame travel in its
-``data`` entry, which is not part of the models below (the codec handles it, see frame_codec.py).
+A handoff is ``open``, then ``rows`` frames (any order, any split) and, for an image edit, its
+``pixels`` frames, then ``close`` — or ``abort`` at any point. Each frame is one msgpack map; the
+raw bytes of a ``rows`` or ``pixels`` frame travel in its ``data`` entry, which is not part of the
+models below (the codec handles it, see frame_codec.py).
 
 Receivers ignore map keys they do not know, so adding an optional field is not a breaking change;
 anything else bumps ``SCHEMA_VERSION``.
@@ -10,21 +11,31 @@ anything else bumps ``SCHEMA_VERSION``.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from shared.errors import MalformedFrame, UnknownFrameKind, UnsupportedSchemaVersion
 from shared.tensor_codec import TOKEN_ID_BYTES
 
-SCHEMA_VERSION = 2
+# Version 3 added image edits (``open.edit`` and the ``pixels`` frame); see HANDOFF_SPEC.md.
+SCHEMA_VERSION = 3
+# Seeds are uint64 (msgpack's and torch.Generator's largest integer).
+MAX_SEED = 2**64 - 1
 
 StreamName = Literal["cond", "uncond"]
+# The images of an edit: the one edited (RGB) and its mask (one channel, 255 = repaint).
+PixelRole = Literal["image", "mask"]
+PIXEL_CHANNELS: dict[PixelRole, int] = {"image": 3, "mask": 1}
 OutputFormat = Literal["png", "jpeg", "webp"]
 NonNegInt = Annotated[int, Field(ge=0)]
 PosInt = Annotated[int, Field(gt=0)]
 RequestId = Annotated[str, Field(min_length=1, max_length=128)]
 Checksum = Annotated[str, Field(pattern=r"^[0-9a-f]{16}$")]
+# W3C Trace Context: version-traceid-parentid-flags in lowercase hex; later versions may append fields.
+TraceParent = Annotated[
+    str, Field(max_length=512, pattern=r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}(-[\x21-\x7e]+)?$")
+]
 
 
 def _whole_token_ids(data: bytes) -> bytes:
@@ -50,7 +61,8 @@ class DiffusionParams(_Model):
     height: PosInt
     num_inference_steps: PosInt
     guidance_scale: float = Field(ge=0.0)
-    seed: NonNegInt
+    # Image i of the request renders with seed + i.
+    seed: Annotated[int, Field(ge=0, le=MAX_SEED)]
     num_images: PosInt = 1
     output_format: OutputFormat = "png"
     output_compression: Annotated[int, Field(ge=0, le=100)] | None = None
@@ -63,6 +75,33 @@ class StreamSpec(_Model):
     prompt_tokens: NonNegInt
     # Upper bound on rows (prompt + max generated - 1); the receiver allocates exactly this.
     max_rows: NonNegInt
+    # Leading prompt tokens that are the AR's prompt template, not the user's text (Qwen-Image's
+    # system prefix): their rows never condition the DiT. Optional on the wire (added within
+    # version 2); a DiT whose adapter needs it refuses an open frame without it.
+    prefix_tokens: NonNegInt | None = None
+
+    @model_validator(mode="after")
+    def _prefix_inside_prompt(self) -> StreamSpec:
+        if self.prefix_tokens is not None and self.prefix_tokens > self.prompt_tokens:
+            raise ValueError(f"prefix_tokens {self.prefix_tokens} is more than prompt_tokens {self.prompt_tokens}")
+        return self
+
+
+class EditSpec(_Model):
+    """An image edit: the handoff carries the image to start from (and a mask) in ``pixels`` frames.
+
+    Both are ``diffusion.height`` x ``diffusion.width``: the sender resizes them to the output size.
+    """
+
+    # Fraction of the denoising schedule run from the noised input: 0 returns the input through
+    # the VAE, 1 starts from pure noise (inside the mask, with one).
+    strength: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+    # A ``mask`` pixels frame follows: only its nonzero pixels are repainted.
+    mask: bool = False
+
+    @property
+    def roles(self) -> tuple[PixelRole, ...]:
+        return ("image", "mask") if self.mask else ("image",)
 
 
 class OpenFrame(_Model):
@@ -73,11 +112,17 @@ class OpenFrame(_Model):
     conditioning: Annotated[str, Field(min_length=1, max_length=64)]
     dtype: str
     hidden_size: PosInt
+    # Informational: which decoder layer the rows come from (every other open field is checked).
     layer: int
     final_norm: bool
     # "cond" is required; "uncond" present means a CFG negative stream follows.
     streams: dict[StreamName, StreamSpec]
     diffusion: DiffusionParams
+    # The W3C traceparent of the sender's handoff span: the receiver's spans join the sender's
+    # trace. Optional (added within version 2); absent when the sender does not trace.
+    traceparent: TraceParent | None = None
+    # Present for an image edit (the ``pixels`` frames it announces follow); absent: text to image.
+    edit: EditSpec | None = None
 
 
 class RowsFrame(_Model):
@@ -96,6 +141,25 @@ class RowsFrame(_Model):
     checksum: Checksum
 
 
+class PixelsFrame(_Model):
+    """One image of an edit: ``height x width x channels`` uint8 in ``data``, row-major, RGB for the
+    image and one channel for the mask. Exactly one per role ``open.edit`` announces."""
+
+    kind: Literal["pixels"] = "pixels"
+    v: int = SCHEMA_VERSION
+    request_id: RequestId
+    role: PixelRole
+    # [height, width, channels]
+    shape: Annotated[list[PosInt], Field(min_length=3, max_length=3)]
+    # xxh3-64 of this frame's payload (see checksum.py).
+    checksum: Checksum
+
+    @property
+    def nbytes(self) -> int:
+        height, width, channels = self.shape
+        return height * width * channels
+
+
 class StreamTotals(_Model):
     rows: NonNegInt
     # Every token of the sequence, prompt then generated. The last sampled token has no row,
@@ -111,9 +175,11 @@ class CloseFrame(_Model):
     v: int = SCHEMA_VERSION
     request_id: RequestId
     streams: dict[StreamName, StreamTotals]
+    # Informational: the AR's prefix-cache counts and timings, for the DiT's logs; nothing
+    # depends on them.
     cached_tokens: NonNegInt
     cache_creation_tokens: NonNegInt
-    # AR-side timings in seconds (e.g. "ttft", "ar_total"); informational.
+    # AR-side timings in seconds (e.g. "ttft", "ar_total").
     timings: dict[str, float] = Field(default_factory=dict)
 
 
@@ -124,8 +190,16 @@ class AbortFrame(_Model):
     reason: Annotated[str, Field(max_length=1024)]
 
 
-Frame = Union[OpenFrame, RowsFrame, CloseFrame, AbortFrame]
-_BY_KIND: dict[str, type[_Model]] = {"open": OpenFrame, "rows": RowsFrame, "close": CloseFrame, "abort": AbortFrame}
+Frame = OpenFrame | RowsFrame | PixelsFrame | CloseFrame | AbortFrame
+# The frames whose bytes follow their header in ``data``.
+PayloadFrame = RowsFrame | PixelsFrame
+_BY_KIND: dict[str, type[Frame]] = {
+    "open": OpenFrame,
+    "rows": RowsFrame,
+    "pixels": PixelsFrame,
+    "close": CloseFrame,
+    "abort": AbortFrame,
+}
 
 
 def frame_from_header(header: object) -> Frame:
@@ -134,7 +208,9 @@ def frame_from_header(header: object) -> Frame:
         raise MalformedFrame(f"a frame is a msgpack map, got {type(header).__name__}")
     version = header.get("v")
     if version != SCHEMA_VERSION:
-        raise UnsupportedSchemaVersion(f"schema version {version!r} is not supported (this side speaks {SCHEMA_VERSION})")
+        raise UnsupportedSchemaVersion(
+            f"schema version {version!r} is not supported (this side speaks {SCHEMA_VERSION})"
+        )
     kind = header.get("kind")
     model = _BY_KIND.get(kind) if isinstance(kind, str) else None
     if model is None:
@@ -147,6 +223,6 @@ def frame_from_header(header: object) -> Frame:
         raise MalformedFrame(f"{kind} frame: {where}: {first['msg']}") from None
 
 
-def frame_header(frame: Frame) -> dict:
+def frame_header(frame: Frame) -> dict[str, Any]:
     """The msgpack map of a frame, ``data`` excluded. Keys in declaration order."""
     return frame.model_dump(mode="python", exclude_none=True)

@@ -7,14 +7,14 @@ row blocks so no frame exceeds the receiver's payload limit, and never copies ro
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import torch
 
 from shared.checksum import stream_checksum
-from shared.frame_codec import encode_frame, encode_row_bytes
+from shared.frame_codec import encode_frame, encode_pixels, encode_row_bytes
 from shared.frame_types import Buffer
-from shared.frames import AbortFrame, CloseFrame, OpenFrame, StreamName, StreamTotals
+from shared.frames import AbortFrame, CloseFrame, OpenFrame, PixelRole, StreamName, StreamTotals
 from shared.tensor_codec import tensor_bytes, token_ids_to_bytes, wire_dtype
 
 # Frames small enough that the one just hashed is still in cache when it is written out (and,
@@ -26,16 +26,20 @@ class HandoffEncoder:
     def __init__(self, open_frame: OpenFrame, max_frame_payload: int = DEFAULT_MAX_FRAME_PAYLOAD) -> None:
         self.open = open_frame
         self._max_payload = max_frame_payload
-        self._frame_checksums: dict[str, dict[int, str]] = {name: {} for name in open_frame.streams}
+        self._frame_checksums: dict[StreamName, dict[int, str]] = {name: {} for name in open_frame.streams}
         self._rows_sent = {name: 0 for name in open_frame.streams}
-        self.bytes_encoded = 0
-        self.frames_encoded = 0
-
-    def rows_sent(self, stream: str) -> int:
-        return self._rows_sent[stream]
 
     def open_frame(self) -> list[Buffer]:
-        return self._count([encode_frame(self.open)])
+        return [encode_frame(self.open)]
+
+    def pixels(self, role: PixelRole, payload: Buffer) -> list[Buffer]:
+        """The wire buffers of an edit's ``image`` or ``mask`` (at the output size, uint8 row-major)."""
+        edit = self.open.edit
+        if edit is None or role not in edit.roles:
+            raise ValueError(f"the handoff was not opened with an edit {role}")
+        diffusion = self.open.diffusion
+        _, wire = encode_pixels(self.open.request_id, role, diffusion.height, diffusion.width, payload)
+        return wire
 
     def rows(self, stream: StreamName, start: int, token_ids: list[int], rows: torch.Tensor) -> list[Buffer]:
         """The wire buffers for ``rows`` (a host tensor [n, hidden]) starting at row ``start``."""
@@ -50,7 +54,9 @@ class HandoffEncoder:
         it while it is still in cache, instead of hashing a whole prompt before sending any of it.
         """
         if rows.dim() != 2 or rows.shape[1] != self.open.hidden_size or rows.shape[0] != len(token_ids):
-            raise ValueError(f"rows {tuple(rows.shape)} do not match hidden {self.open.hidden_size} / {len(token_ids)} ids")
+            raise ValueError(
+                f"rows {tuple(rows.shape)} do not match hidden {self.open.hidden_size} / {len(token_ids)} ids"
+            )
         dtype = wire_dtype(rows.dtype)
         if dtype != self.open.dtype:
             raise ValueError(f"rows are {dtype}, the handoff was opened as {self.open.dtype}")
@@ -76,12 +82,12 @@ class HandoffEncoder:
             )
             self._frame_checksums[stream][frame.start] = frame.checksum
             self._rows_sent[stream] += n
-            yield self._count(wire)
+            yield wire
 
     def close(
         self,
-        token_ids: dict[str, list[int]],
-        answer_start_index: dict[str, int],
+        token_ids: Mapping[StreamName, list[int]],
+        answer_start_index: Mapping[StreamName, int],
         cached_tokens: int,
         cache_creation_tokens: int,
         timings: dict[str, float] | None = None,
@@ -102,12 +108,7 @@ class HandoffEncoder:
             cache_creation_tokens=cache_creation_tokens,
             timings=timings or {},
         )
-        return self._count([encode_frame(frame)])
+        return [encode_frame(frame)]
 
     def abort(self, reason: str) -> list[Buffer]:
-        return self._count([encode_frame(AbortFrame(request_id=self.open.request_id, reason=reason[:1024]))])
-
-    def _count(self, frame: list[Buffer]) -> list[Buffer]:
-        self.frames_encoded += 1
-        self.bytes_encoded += sum(memoryview(b).nbytes for b in frame)
-        return frame
+        return [encode_frame(AbortFrame(request_id=self.open.request_id, reason=reason[:1024]))]

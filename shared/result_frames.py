@@ -3,13 +3,15 @@
 ``partial_image`` frames (previews, optional) come first, then one ``image`` frame per rendered
 image, then ``done`` with the DiT's stage timings. An ``error`` frame ends the stream early when
 something fails after the response has started (before that, the DiT answers a plain 4xx/5xx).
-Images are encoded files (PNG/JPEG/WebP) in a msgpack ``bin``.
+Images are encoded files (PNG/JPEG/WebP) in a msgpack ``bin``. ``progress`` frames come whenever
+the DiT has sent nothing for a while (queued, or a long step): the AR reads silence longer than
+its stall timeout as a frozen DiT, not as a slow render.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 import msgpack
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -46,6 +48,14 @@ class ImageFrame(_Result):
     data: bytes
 
 
+class ProgressFrame(_Result):
+    kind: Literal["progress"] = "progress"
+    request_id: RequestId
+    # Denoising steps finished so far, over all images (0 while queued), of ``steps`` in all.
+    step: NonNegInt
+    steps: NonNegInt
+
+
 class DoneFrame(_Result):
     kind: Literal["done"] = "done"
     request_id: RequestId
@@ -61,25 +71,28 @@ class ErrorFrame(_Result):
     message: str
 
 
-ResultFrame = Union[PartialImageFrame, ImageFrame, DoneFrame, ErrorFrame]
-_BY_KIND: dict[str, type[_Result]] = {
+ResultFrame = PartialImageFrame | ImageFrame | ProgressFrame | DoneFrame | ErrorFrame
+_BY_KIND: dict[str, type[ResultFrame]] = {
     "partial_image": PartialImageFrame,
     "image": ImageFrame,
+    "progress": ProgressFrame,
     "done": DoneFrame,
     "error": ErrorFrame,
 }
 
 
 def encode_result(frame: ResultFrame) -> bytes:
-    return msgpack.packb(frame.model_dump(mode="python"), use_bin_type=True)
+    packed: bytes = msgpack.packb(frame.model_dump(mode="python"), use_bin_type=True)
+    return packed
 
 
 def result_from_map(obj: object) -> ResultFrame:
     if not isinstance(obj, dict):
         raise MalformedFrame("a result frame is a msgpack map")
-    model = _BY_KIND.get(obj.get("kind")) if isinstance(obj.get("kind"), str) else None
+    kind = obj.get("kind")
+    model = _BY_KIND.get(kind) if isinstance(kind, str) else None
     if model is None:
-        raise UnknownFrameKind(f"unknown result frame kind {obj.get('kind')!r}")
+        raise UnknownFrameKind(f"unknown result frame kind {kind!r}")
     try:
         return model.model_validate(obj)
     except ValidationError as exc:

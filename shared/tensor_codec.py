@@ -14,15 +14,18 @@ import sys
 from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import torch
 
 from shared.errors import DtypeNotAllowed, ShapeMismatch
 
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
 if sys.byteorder != "little":  # pragma: no cover - no such host in use
     raise ImportError("ardit's wire format is little-endian; this host is big-endian")
 
-WIRE_BYTE_ORDER = "little"
 TOKEN_ID_BYTES = 4
 _TOKEN_ID_TYPECODE = "I"
 # C's unsigned int is 32-bit on every platform ardit runs on; refuse to run where it is not.
@@ -86,7 +89,7 @@ def tensor_bytes(tensor: torch.Tensor) -> memoryview:
     if not tensor.is_cpu:
         raise ValueError("tensor_bytes needs a host tensor; copy device tensors to (pinned) host memory first")
     wire_dtype(tensor.dtype)
-    return memoryview(tensor.contiguous().view(torch.uint8).numpy()).cast("B")
+    return _bytes_of(tensor.contiguous())
 
 
 def tensor_from_bytes(data: bytes | bytearray | memoryview, layout: TensorLayout) -> torch.Tensor:
@@ -104,7 +107,7 @@ def byte_view(tensor: torch.Tensor) -> memoryview:
     """A writable flat byte view of a contiguous host tensor, for landing received bytes in place."""
     if not tensor.is_contiguous() or tensor.device.type != "cpu":
         raise ValueError("landing buffers must be contiguous host tensors")
-    return memoryview(tensor.reshape(-1).view(torch.uint8).numpy()).cast("B")
+    return _bytes_of(tensor.reshape(-1))
 
 
 def token_ids_to_bytes(ids: Iterable[int]) -> bytes:
@@ -119,3 +122,9 @@ def token_ids_from_bytes(data: bytes | bytearray | memoryview) -> list[int]:
     ids = array(_TOKEN_ID_TYPECODE)
     ids.frombytes(data)
     return ids.tolist()
+
+
+def _bytes_of(tensor: torch.Tensor) -> memoryview:
+    """The flat bytes of a contiguous host tensor, without a copy (numpy exports the buffer)."""
+    # numpy arrays export the buffer protocol; numpy's stubs do not say so for Python 3.11.
+    return memoryview(cast("Buffer", tensor.view(torch.uint8).numpy())).cast("B")

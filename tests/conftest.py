@@ -14,10 +14,9 @@ import pytest
 import torch
 
 from ar_service.app import ArRuntime, create_ar_app
-from ar_service.settings import ArSettings, default_model_dir as default_ar_model_dir
+from ar_service.settings import ArSettings
 from dit_service.app import create_dit_app
-from dit_service.settings import DitSettings, default_model_dir as default_dit_model_dir
-from services.launcher import DEFAULT_TEMPLATE_PREFIX_TOKENS
+from dit_service.settings import DitSettings
 from tests.support.live_server import LiveServer
 
 # Bitwise image comparisons need a fixed intra-op thread count.
@@ -50,30 +49,23 @@ def require_checkpoint(path: Path) -> Path:
 
 
 def dit_settings(**overrides) -> DitSettings:
-    base = dict(
-        model_dir=require_checkpoint(default_dit_model_dir()),
-        handoff_token=HANDOFF_TOKEN,
-        drop_prefix_tokens=DEFAULT_TEMPLATE_PREFIX_TOKENS,
-        torch_threads=1,
-        max_pipeline_runs=1,
-        pipeline_queue_size=16,
-    )
+    """The DiT as `make run` starts it (defaults), plus the shared token and one torch thread."""
+    base = dict(model_dir=require_checkpoint(DitSettings().model_dir), handoff_token=HANDOFF_TOKEN, torch_threads=1)
     return DitSettings(**(base | overrides))
 
 
 @pytest.fixture(scope="session")
 def stack() -> Iterator[Stack]:
     dit = LiveServer(create_dit_app(dit_settings())).start().wait_ready()
+    # The AR at its defaults (admission, queue, timeouts as `make run` has them), plus what the
+    # tests exercise: API keys, the admin endpoint, and a max_new_tokens limit a test can pass.
     settings = ArSettings(
-        model_dir=require_checkpoint(default_ar_model_dir()),
+        model_dir=require_checkpoint(ArSettings().model_dir),
         dit_url=dit.url,
         handoff_token=HANDOFF_TOKEN,
         api_keys=[API_KEY],
         admin_token=ADMIN_TOKEN,
-        max_concurrent_requests=4,
-        max_queued_requests=8,
         max_new_tokens_limit=64,
-        kv_cache_bytes=512 << 20,
     )
     ar = LiveServer(create_ar_app(settings)).start().wait_ready()
     yield Stack(ar=ar, dit=dit, settings=settings)

@@ -243,8 +243,10 @@ def verify(out_dir: Path, gguf_path: Path) -> None:
         a = model(ids).logits
         b = ref(ids).logits
     max_diff = (a - b).abs().max().item()
-    print(f"verify: logits on {VERIFY_LOGITS_PROMPT!r}: shape={tuple(a.shape)} "
-          f"max|diff|={max_diff:.3e} bit-identical={torch.equal(a, b)}")
+    print(
+        f"verify: logits on {VERIFY_LOGITS_PROMPT!r}: shape={tuple(a.shape)} "
+        f"max|diff|={max_diff:.3e} bit-identical={torch.equal(a, b)}"
+    )
     if max_diff > 1e-5:
         raise SystemExit("verify FAILED: reloaded logits differ from GGUF-loaded model")
 
@@ -253,7 +255,7 @@ def verify(out_dir: Path, gguf_path: Path) -> None:
     enc = tok(prompt, return_tensors="pt")
     with torch.inference_mode():
         out = model.generate(**enc, max_new_tokens=VERIFY_NEW_TOKENS, do_sample=False)
-    new = out[0, enc.input_ids.shape[1]:].tolist()
+    new = out[0, enc.input_ids.shape[1] :].tolist()
     print(f"verify: chat prompt ids ({enc.input_ids.shape[1]}): {enc.input_ids[0].tolist()}")
     print(f"verify: greedy {len(new)} new ids: {new}")
     print(f"verify: text: {tok.decode(new)!r}")
@@ -262,9 +264,12 @@ def verify(out_dir: Path, gguf_path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, default=default_out_dir(),
-                    help="output dir (default: $ARDIT_CACHE_DIR/models/%s, "
-                         "ARDIT_CACHE_DIR defaults to ~/.cache/ardit)" % MODEL_DIRNAME)
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=default_out_dir(),
+        help=f"output dir (default: $ARDIT_CACHE_DIR/models/{MODEL_DIRNAME}; ARDIT_CACHE_DIR: ~/.cache/ardit)",
+    )
     ap.add_argument("--verify", action="store_true", help="reload and check the output")
     ap.add_argument("--force", action="store_true", help="rebuild even if complete")
     args = ap.parse_args(argv)

@@ -181,13 +181,25 @@ def swap_in(work_dir: Path, out_dir: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, default=default_out_dir(),
-                    help=f"output dir (default: $ARDIT_CACHE_DIR/models/{MODEL_DIRNAME}, "
-                         "ARDIT_CACHE_DIR defaults to ~/.cache/ardit)")
-    ap.add_argument("--ar-model", type=Path, default=None,
-                    help="AR checkpoint dir; its config.json hidden_size sets joint_attention_dim")
-    ap.add_argument("--joint-attention-dim", type=int, default=None,
-                    help=f"override joint_attention_dim (default {DEFAULT_JOINT_ATTENTION_DIM}, or --ar-model's)")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=default_out_dir(),
+        help=f"output dir (default: $ARDIT_CACHE_DIR/models/{MODEL_DIRNAME}, "
+        "ARDIT_CACHE_DIR defaults to ~/.cache/ardit)",
+    )
+    ap.add_argument(
+        "--ar-model",
+        type=Path,
+        default=None,
+        help="AR checkpoint dir; its config.json hidden_size sets joint_attention_dim",
+    )
+    ap.add_argument(
+        "--joint-attention-dim",
+        type=int,
+        default=None,
+        help=f"override joint_attention_dim (default {DEFAULT_JOINT_ATTENTION_DIM}, or --ar-model's)",
+    )
     ap.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     ap.add_argument("--force", action="store_true", help="rebuild even if complete")
     args = ap.parse_args(argv)
@@ -219,8 +231,9 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException:
         shutil.rmtree(work_dir, ignore_errors=True)
         raise
-    print(f"wrote {out_dir} (joint_attention_dim {joint_attention_dim}, seed {args.seed}) "
-          f"in {time.monotonic() - t0:.1f}s")
+    print(
+        f"wrote {out_dir} (joint_attention_dim {joint_attention_dim}, seed {args.seed}) in {time.monotonic() - t0:.1f}s"
+    )
     return 0
 
 

@@ -1,14 +1,16 @@
 from ar_service.prompt_builder import PromptBuilder
 from ar_service.settings import ArSettings
-from services.launcher import DEFAULT_TEMPLATE_PREFIX_TOKENS
 
 
-def test_default_template_prefix_is_what_the_dit_drops():
+def test_prefix_tokens_are_exactly_the_template_before_the_prompt():
     settings = ArSettings()
     builder = PromptBuilder.from_model_dir(settings.model_dir, settings.prompt_template)
     built = builder.build("a red fox in the snow")
-    assert built.prefix_tokens == DEFAULT_TEMPLATE_PREFIX_TOKENS
+    prefix = builder.tokenizer.decode(built.token_ids[: built.prefix_tokens])
+    assert prefix == settings.prompt_template.split("{}")[0]
     assert builder.decode(built.token_ids[built.prefix_tokens :]).startswith("a red fox in the snow")
+    # Qwen-Image's system prefix is 34 SmolLM2 tokens: the rows the DiT drops.
+    assert built.prefix_tokens == 34
 
 
 def test_template_needs_one_placeholder():

@@ -11,7 +11,7 @@ import torch
 from shared import errors
 from shared.checksum import payload_checksum, stream_checksum
 from shared.frame_codec import FrameLimits, decode_frame, encode_rows
-from shared.frames import SCHEMA_VERSION
+from shared.frames import SCHEMA_VERSION, frame_header
 from shared.handoff_assembler import AssemblyCaps, HandoffReceiver
 from shared.handoff_encoder import HandoffEncoder
 from shared.tensor_codec import tensor_bytes, token_ids_to_bytes
@@ -172,20 +172,53 @@ def test_reject_dtype_not_on_allow_list():
 
 
 def test_reject_rows_dtype_not_on_allow_list(encoder):
-    header = {"v": SCHEMA_VERSION, "kind": "rows", "request_id": "req_test", "stream": "cond", "start": 0, "count": 1,
-              "token_ids": ids(1), "dtype": "int8", "shape": [1, 8], "checksum": payload_checksum(b"\0" * 8), "data": b"\0" * 8}
+    header = {
+        "v": SCHEMA_VERSION,
+        "kind": "rows",
+        "request_id": "req_test",
+        "stream": "cond",
+        "start": 0,
+        "count": 1,
+        "token_ids": ids(1),
+        "dtype": "int8",
+        "shape": [1, 8],
+        "checksum": payload_checksum(b"\0" * 8),
+        "data": b"\0" * 8,
+    }
     expect(errors.DtypeNotAllowed, join(encoder.open_frame()) + raw(header))
 
 
 def test_reject_shape_byte_length_mismatch(encoder):
-    header = {"v": SCHEMA_VERSION, "kind": "rows", "request_id": "req_test", "stream": "cond", "start": 0, "count": 2,
-              "token_ids": ids(1, 2), "dtype": "bfloat16", "shape": [2, 8], "checksum": "0" * 16, "data": b"\0" * 30}
+    header = {
+        "v": SCHEMA_VERSION,
+        "kind": "rows",
+        "request_id": "req_test",
+        "stream": "cond",
+        "start": 0,
+        "count": 2,
+        "token_ids": ids(1, 2),
+        "dtype": "bfloat16",
+        "shape": [2, 8],
+        "checksum": "0" * 16,
+        "data": b"\0" * 30,
+    }
     expect(errors.ShapeMismatch, join(encoder.open_frame()) + raw(header))
 
 
 def test_reject_shape_not_matching_hidden_size(encoder):
-    header = {"v": SCHEMA_VERSION, "kind": "rows", "request_id": "req_test", "stream": "cond", "start": 0, "count": 2,
-              "token_ids": ids(1, 2), "dtype": "bfloat16", "shape": [4, 4], "checksum": payload_checksum(b"\0" * 32), "data": b"\0" * 32}
+    header = {
+        "v": SCHEMA_VERSION,
+        "kind": "rows",
+        "request_id": "req_test",
+        "stream": "cond",
+        "start": 0,
+        "count": 2,
+        "token_ids": ids(1, 2),
+        "dtype": "bfloat16",
+        "shape": [4, 4],
+        "checksum": payload_checksum(b"\0" * 32),
+        "data": b"\0" * 32,
+    }
     expect(errors.ShapeMismatch, join(encoder.open_frame()) + raw(header))
 
 
@@ -213,9 +246,19 @@ def test_reject_overlapping_rows(encoder, rows):
 
 
 def test_reject_token_id_count_in_rows_frame(encoder, rows):
-    header = {"v": SCHEMA_VERSION, "kind": "rows", "request_id": "req_test", "stream": "cond", "start": 0, "count": 2,
-              "token_ids": ids(1), "dtype": "bfloat16", "shape": [2, 8], "checksum": payload_checksum(b"\0" * 32),
-              "data": b"\0" * 32}
+    header = {
+        "v": SCHEMA_VERSION,
+        "kind": "rows",
+        "request_id": "req_test",
+        "stream": "cond",
+        "start": 0,
+        "count": 2,
+        "token_ids": ids(1),
+        "dtype": "bfloat16",
+        "shape": [2, 8],
+        "checksum": payload_checksum(b"\0" * 32),
+        "data": b"\0" * 32,
+    }
     expect(errors.TokenCountMismatch, join(encoder.open_frame()) + raw(header))
 
 
@@ -270,9 +313,19 @@ def test_reject_oversize_payload(encoder, rows):
     ids=["ragged_bytes", "int_array"],
 )
 def test_reject_token_ids_not_uint32_bytes(encoder, token_ids):
-    header = {"v": SCHEMA_VERSION, "kind": "rows", "request_id": "req_test", "stream": "cond", "start": 0, "count": 2,
-              "token_ids": token_ids, "dtype": "bfloat16", "shape": [2, 8], "checksum": payload_checksum(b"\0" * 32),
-              "data": b"\0" * 32}
+    header = {
+        "v": SCHEMA_VERSION,
+        "kind": "rows",
+        "request_id": "req_test",
+        "stream": "cond",
+        "start": 0,
+        "count": 2,
+        "token_ids": token_ids,
+        "dtype": "bfloat16",
+        "shape": [2, 8],
+        "checksum": payload_checksum(b"\0" * 32),
+        "data": b"\0" * 32,
+    }
     err = expect(errors.MalformedFrame, join(encoder.open_frame()) + raw(header))
     assert "token_ids" in str(err)
 
@@ -327,11 +380,86 @@ def test_reject_not_a_map():
 
 
 def test_reject_data_not_last(encoder):
-    header = {"v": SCHEMA_VERSION, "kind": "rows", "request_id": "req_test", "stream": "cond", "data": b"\0" * 16, "start": 0,
-              "count": 1, "token_ids": ids(1), "dtype": "bfloat16", "shape": [1, 8], "checksum": payload_checksum(b"\0" * 16)}
+    header = {
+        "v": SCHEMA_VERSION,
+        "kind": "rows",
+        "request_id": "req_test",
+        "stream": "cond",
+        "data": b"\0" * 16,
+        "start": 0,
+        "count": 1,
+        "token_ids": ids(1),
+        "dtype": "bfloat16",
+        "shape": [1, 8],
+        "checksum": payload_checksum(b"\0" * 16),
+    }
     expect(errors.MalformedFrame, join(encoder.open_frame()) + raw(header))
 
 
 def test_reject_wrong_field_type():
     bad = make_open().model_dump() | {"hidden_size": "8"}
     expect(errors.MalformedFrame, raw(bad))
+
+
+def test_prefix_tokens_travel_in_open_and_are_optional_on_the_wire(encoder, rows):
+    receiver = HandoffReceiver()
+    receiver.feed(sent(encoder, rows) + good_close(encoder))
+    assert receiver.finish().streams["cond"].prefix_tokens is None  # make_open sends none
+    with_prefix = make_open().model_dump()
+    with_prefix["streams"]["cond"]["prefix_tokens"] = 2
+    receiver = HandoffReceiver()
+    receiver.feed(raw(with_prefix))
+    assert receiver.assembler.open is not None and receiver.assembler.open.streams["cond"].prefix_tokens == 2
+
+
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def test_traceparent_travels_in_open_and_is_optional_on_the_wire():
+    assert "traceparent" not in frame_header(make_open())  # no trace, no key: the golden bytes hold
+    receiver = HandoffReceiver()
+    receiver.feed(raw(make_open().model_dump(exclude_none=True) | {"traceparent": TRACEPARENT}))
+    assert receiver.assembler.open is not None and receiver.assembler.open.traceparent == TRACEPARENT
+
+
+@pytest.mark.parametrize(
+    "traceparent",
+    [
+        "0af7651916cd43dd8448eb211c80319c",
+        "00-0AF7651916CD43DD8448EB211C80319C-B7AD6B7169203331-01",
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b716920333-01",
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-has a space",
+    ],
+)
+def test_reject_a_traceparent_that_is_not_w3c(traceparent):
+    expect(errors.MalformedFrame, raw(make_open().model_dump(exclude_none=True) | {"traceparent": traceparent}))
+
+
+def test_a_later_traceparent_version_may_append_fields():
+    later = "01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-extra"
+    receiver = HandoffReceiver()
+    receiver.feed(raw(make_open().model_dump(exclude_none=True) | {"traceparent": later}))
+    assert receiver.assembler.open is not None and receiver.assembler.open.traceparent == later
+
+
+def test_reject_prefix_longer_than_the_prompt():
+    bad = make_open(prompt=6).model_dump()
+    bad["streams"]["cond"]["prefix_tokens"] = 7
+    expect(errors.MalformedFrame, raw(bad))
+
+
+def test_reject_rows_frame_without_data():
+    # A rows header with no 'data' entry, naming a stream open never declared: typed, not a crash.
+    header = {
+        "v": SCHEMA_VERSION,
+        "kind": "rows",
+        "request_id": "req_test",
+        "stream": "uncond",
+        "start": 0,
+        "count": 0,
+        "token_ids": b"",
+        "dtype": "bfloat16",
+        "shape": [0, 8],
+        "checksum": "0" * 16,
+    }
+    expect(errors.MalformedFrame, raw(make_open().model_dump()) + raw(header))

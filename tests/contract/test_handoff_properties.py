@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -22,8 +24,13 @@ def handoffs(draw):
     n_rows = draw(st.integers(0, 20))
     itemsize = DTYPES[dtype].itemsize
     # Arbitrary bit patterns (NaNs, infinities, subnormals included) must survive unchanged.
-    words = draw(st.lists(st.integers(-(1 << (8 * itemsize - 1)), (1 << (8 * itemsize - 1)) - 1),
-                          min_size=n_rows * hidden, max_size=n_rows * hidden))
+    words = draw(
+        st.lists(
+            st.integers(-(1 << (8 * itemsize - 1)), (1 << (8 * itemsize - 1)) - 1),
+            min_size=n_rows * hidden,
+            max_size=n_rows * hidden,
+        )
+    )
     rows = torch.tensor(words, dtype=INT_VIEW[itemsize]).view(DTYPES[dtype]).reshape(n_rows, hidden)
     cuts = sorted(set(draw(st.lists(st.integers(0, n_rows), max_size=4))) | {0, n_rows})
     max_payload = draw(st.integers(1, 64))
@@ -36,7 +43,7 @@ def encode(dtype: str, rows: torch.Tensor, cuts: list[int], max_payload: int) ->
     enc = HandoffEncoder(make_open(dtype=dtype, hidden=rows.shape[1], max_rows=max(n, 1), prompt=n), max_payload)
     token_ids = [(i * 7919) % 50000 for i in range(n + 1)]
     buffers = enc.open_frame()
-    for a, b in zip(cuts, cuts[1:]):
+    for a, b in itertools.pairwise(cuts):
         if b > a:
             buffers += enc.rows("cond", a, token_ids[a:b], rows[a:b])
     buffers += enc.close({"cond": token_ids}, {"cond": n}, cached_tokens=0, cache_creation_tokens=n)

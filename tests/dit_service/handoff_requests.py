@@ -45,10 +45,14 @@ def open_frame(
     final_norm: bool = True,
     max_rows: int | None = None,
     request_id: str = "req_test",
+    prefix_tokens: int | None = 0,
+    traceparent: str | None = None,
 ) -> OpenFrame:
-    streams = {"cond": StreamSpec(prompt_tokens=cond_rows, max_rows=max_rows or cond_rows)}
+    streams = {"cond": StreamSpec(prompt_tokens=cond_rows, max_rows=max_rows or cond_rows, prefix_tokens=prefix_tokens)}
     if uncond_rows is not None:
-        streams["uncond"] = StreamSpec(prompt_tokens=uncond_rows, max_rows=max_rows or uncond_rows)
+        streams["uncond"] = StreamSpec(
+            prompt_tokens=uncond_rows, max_rows=max_rows or uncond_rows, prefix_tokens=prefix_tokens
+        )
     return OpenFrame(
         request_id=request_id,
         model=model,
@@ -59,6 +63,7 @@ def open_frame(
         final_norm=final_norm,
         streams=streams,
         diffusion=diffusion or params(),
+        traceparent=traceparent,
     )
 
 
@@ -115,7 +120,8 @@ class HandoffAnswer:
 
     @property
     def kinds(self) -> list[str]:
-        return [f.kind for f in self.frames]
+        """The frames' kinds, without progress frames (they come whenever the DiT was silent a while)."""
+        return [f.kind for f in self.frames if f.kind != "progress"]
 
 
 def handoff_headers(token: str | None = TOKEN) -> dict[str, str]:

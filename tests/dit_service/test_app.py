@@ -8,15 +8,17 @@ import httpx
 import pytest
 
 from dit_service.app import create_dit_app
-from dit_service.metrics import DitMetrics, new_registry
+from dit_service.metrics import DitMetrics
 from dit_service.settings import DitSettings
+from services.metrics import new_registry
+from shared.capabilities import DitCapabilities
 from tests.dit_service.handoff_requests import complete_handoff, hidden_rows, post_handoff, scrape
 from tests.support.live_server import LiveServer
 
 REQUIRED_FAMILIES = [
     "ardit_dit_handoffs_in_flight",
-    "ardit_dit_handoff_bytes_received_total",
-    "ardit_dit_handoff_frames_received_total",
+    "ardit_dit_handoff_received_bytes_total",
+    "ardit_dit_handoff_received_frames_total",
     "ardit_dit_handoff_receive_seconds_bucket",
     "ardit_dit_handoff_buffer_bytes",
     "ardit_dit_queue_wait_seconds_bucket",
@@ -40,8 +42,11 @@ def test_a_model_that_cannot_load_keeps_the_service_unready(tmp_path):
             assert time.monotonic() < deadline
             time.sleep(0.05)
         assert body["status"] == "not_ready"
-        answer = post_handoff(server.url, complete_handoff(hidden_rows(4)), headers={
-            "authorization": "Bearer t", "content-type": "application/vnd.ardit.handoff+msgpack"})
+        answer = post_handoff(
+            server.url,
+            complete_handoff(hidden_rows(4)),
+            headers={"authorization": "Bearer t", "content-type": "application/vnd.ardit.handoff+msgpack"},
+        )
         assert answer.status == 503 and answer.error["code"] == "model_not_ready"
         assert answer.headers["retry-after"]
     finally:
@@ -50,7 +55,12 @@ def test_a_model_that_cannot_load_keeps_the_service_unready(tmp_path):
 
 @pytest.mark.slow
 def test_ready_only_after_warm_up_and_metrics_are_exported(dit_server):
-    assert httpx.get(f"{dit_server.url}/readyz").json() == {"status": "ready", "reason": "ready"}
+    ready = httpx.get(f"{dit_server.url}/readyz").json()
+    assert (ready["status"], ready["reason"]) == ("ready", "ready")
+    capabilities = DitCapabilities.model_validate(ready["capabilities"])
+    # The server's settings and the loaded model, announced: max_sequence_length=64, two runs + four queued.
+    assert capabilities.limits.max_conditioning_rows == 64 and capabilities.capacity.max_admitted == 6
+    assert capabilities.hidden_size == 576 and capabilities.limits.size_multiple == 16
     assert post_handoff(dit_server.url, complete_handoff(hidden_rows(6))).status == 200
     samples = scrape(dit_server.url)
     names = {name for name, _ in samples}

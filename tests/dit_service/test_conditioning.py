@@ -24,6 +24,7 @@ from dit_service.metrics import DitMetrics
 from dit_service.pipeline_runner import PipelineRunner, RenderJob
 from shared.frames import CloseFrame, StreamTotals
 from shared.handoff_assembler import AssembledHandoff, AssembledStream
+from shared.result_frames import ImageFrame
 from shared.tensor_codec import token_ids_to_bytes
 from tests.dit_service.handoff_requests import open_frame, params
 
@@ -32,7 +33,6 @@ HIDDEN = 4
 
 def options(**overrides) -> ConditioningOptions:
     values = {
-        "drop_prefix_tokens": 3,
         "special_token_ids": frozenset({900, 901}),
         "image_token_start_id": None,
         "max_sequence_length": 512,
@@ -42,18 +42,25 @@ def options(**overrides) -> ConditioningOptions:
     return ConditioningOptions(**{**values, **overrides})
 
 
-def stream(token_ids: list[int], answer_start: int, rows: int | None = None, dtype=torch.bfloat16) -> AssembledStream:
+def stream(
+    token_ids: list[int], answer_start: int, rows: int | None = None, dtype=torch.bfloat16, prefix: int | None = 3
+) -> AssembledStream:
     """Row i holds the value i in every column, so selected rows name themselves."""
     count = len(token_ids) - 1 if rows is None else rows
     values = torch.arange(count, dtype=torch.float32).unsqueeze(1).expand(count, HIDDEN).to(dtype)
-    return AssembledStream(rows=values.contiguous(), token_ids=token_ids, answer_start_index=answer_start)
+    return AssembledStream(
+        rows=values.contiguous(), token_ids=token_ids, answer_start_index=answer_start, prefix_tokens=prefix
+    )
 
 
 def handoff(cond: AssembledStream, uncond: AssembledStream | None = None) -> AssembledHandoff:
     streams = {"cond": cond} if uncond is None else {"cond": cond, "uncond": uncond}
     totals = {
         name: StreamTotals(
-            rows=s.rows.shape[0], token_ids=token_ids_to_bytes(s.token_ids), answer_start_index=s.answer_start_index, checksum="0" * 16
+            rows=s.rows.shape[0],
+            token_ids=token_ids_to_bytes(s.token_ids),
+            answer_start_index=s.answer_start_index,
+            checksum="0" * 16,
         )
         for name, s in streams.items()
     }
@@ -119,13 +126,19 @@ def test_padding_never_goes_past_max_sequence_length():
 
 
 def test_too_many_rows_is_an_error_not_a_truncation():
-    with pytest.raises(PromptTooLong, match=r"prompt too long for the DiT \(5 > 4\)"):
+    with pytest.raises(PromptTooLong, match=r"prompt too long for the DiT \(5 > 4 rows\)"):
         QwenImageAdapter(options(max_sequence_length=4)).select(handoff(stream(TOKENS, ANSWER_START)))
 
 
 def test_a_prompt_that_is_all_prefix_selects_nothing_and_is_refused():
     with pytest.raises(EmptyConditioning):
-        QwenImageAdapter(options(drop_prefix_tokens=8)).select(handoff(stream(TOKENS, ANSWER_START)))
+        QwenImageAdapter(options()).select(handoff(stream(TOKENS, ANSWER_START, prefix=8)))
+
+
+@pytest.mark.parametrize("adapter", [QwenImageAdapter, ArGeneratedAdapter])
+def test_without_the_prefix_length_no_adapter_guesses_it(adapter):
+    with pytest.raises(ConditioningMismatch, match="prefix_tokens"):
+        adapter(options()).select(handoff(stream(TOKENS, ANSWER_START, prefix=None)))
 
 
 def test_unknown_adapter_names_the_known_ones():
@@ -140,11 +153,13 @@ def test_padding_with_a_mask_gives_the_latents_and_image_of_trimming(tiny_model)
     source = AssembledHandoff(
         open=open_frame(14),
         close=CloseFrame(request_id="req_test", streams={}, cached_tokens=0, cache_creation_tokens=0),
-        streams={"cond": AssembledStream(rows=rows, token_ids=list(range(100, 115)), answer_start_index=14)},
+        streams={
+            "cond": AssembledStream(rows=rows, token_ids=list(range(100, 115)), answer_start_index=14, prefix_tokens=2)
+        },
     )
     latents, images = [], []
     for multiple in (1, 32):
-        cond = QwenImageAdapter(options(drop_prefix_tokens=2, pad_to_multiple=multiple)).select(source)
+        cond = QwenImageAdapter(options(pad_to_multiple=multiple)).select(source)
         assert cond.prompt_embeds.shape[1] == (12 if multiple == 1 else 32)
         latents.append(
             tiny_model.new_pipeline()(
@@ -160,7 +175,8 @@ def test_padding_with_a_mask_gives_the_latents_and_image_of_trimming(tiny_model)
         )
         frames = []
         runner.render(RenderJob("r", cond, params(num_inference_steps=3)), frames.append, threading.Event())
-        images.append(np.asarray(Image.open(io.BytesIO(frames[0].data)), dtype=int))
+        [image] = [f for f in frames if isinstance(f, ImageFrame)]
+        images.append(np.asarray(Image.open(io.BytesIO(image.data)), dtype=int))
     # Masked attention sums in a different order than unmasked attention: equal up to float rounding,
     # which after 8-bit quantisation is at most one level on a rare pixel.
     torch.testing.assert_close(latents[0], latents[1], rtol=0, atol=1e-5)

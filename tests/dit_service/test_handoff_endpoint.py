@@ -14,7 +14,7 @@ from PIL import Image
 from dit_service.app import create_dit_app
 from dit_service.settings import DitSettings
 from shared.frame_codec import encode_frame, encode_rows
-from shared.frames import SCHEMA_VERSION, CloseFrame, StreamTotals, frame_header
+from shared.frames import SCHEMA_VERSION, CloseFrame, EditSpec, StreamTotals, frame_header
 from shared.handoff_encoder import HandoffEncoder
 from shared.tensor_codec import token_ids_to_bytes
 from tests.dit_service.handoff_requests import (
@@ -85,6 +85,45 @@ def test_out_of_order_row_frames_assemble_to_the_same_image(dit_server):
     assert in_order.images[0].data == reversed_.images[0].data
 
 
+def edit_handoff(*, mask: bool, send_mask: bool = True, width: int = 32, height: int = 32) -> list[bytes]:
+    """An edit as the AR sends it: open (with edit), the image and mask pixels, rows, close."""
+    opened = open_frame(ROWS, diffusion=params(width=width, height=height)).model_copy(
+        update={"edit": EditSpec(strength=0.75, mask=mask)}
+    )
+    encoder = HandoffEncoder(opened)
+    parts = list(encoder.open_frame()) + encoder.pixels("image", bytes(range(256)) * (width * height * 3 // 256))
+    if mask and send_mask:
+        parts += encoder.pixels("mask", bytes([0, 255]) * (width * height // 2))
+    parts += encoder.rows("cond", 0, token_ids(ROWS), hidden_rows(ROWS))
+    parts += encoder.close({"cond": token_ids(ROWS)}, {"cond": ROWS}, cached_tokens=0, cache_creation_tokens=0)
+    return [bytes(p) for p in parts]
+
+
+@pytest.mark.parametrize("mask", [False, True], ids=["img2img", "inpaint"])
+def test_an_edit_handoff_renders_from_its_image(dit_server, mask):
+    answer = post_handoff(dit_server.url, edit_handoff(mask=mask, width=48, height=32))
+    assert answer.status == 200, answer.error
+    assert answer.kinds == ["image", "done"] and image_of(answer.images[0]).size == (48, 32)
+    assert_released(dit_server.url)
+
+
+def test_an_edit_without_its_announced_mask_is_refused_and_releases_memory(dit_server):
+    answer = post_handoff(dit_server.url, edit_handoff(mask=True, send_mask=False))
+    assert answer.status == 400 and answer.error["code"] == "missing_pixels"
+    assert_released(dit_server.url)
+
+
+def test_an_edit_over_the_pixel_limit_allocates_nothing(dit_server):
+    # The DiT's max_pixels caps an edit's image before any pixel memory exists.
+    side = int(DitSettings().max_pixels ** 0.5) + 16
+    opened = open_frame(ROWS, diffusion=params(width=side, height=side)).model_copy(
+        update={"edit": EditSpec(strength=0.5)}
+    )
+    answer = post_handoff(dit_server.url, [bytes(p) for p in HandoffEncoder(opened).open_frame()])
+    assert answer.status == 413 and answer.error["code"] == "allocation_too_large"
+    assert_released(dit_server.url)
+
+
 def test_body_sent_in_tiny_chunks_is_reassembled(dit_server):
     whole = b"".join(complete_handoff(hidden_rows(ROWS, seed=3)))
     pieces = [whole[i : i + 7] for i in range(0, len(whole), 7)]
@@ -123,7 +162,7 @@ def bad_schema_version():
 
 def unknown_kind():
     _, parts = _handoff()
-    return parts + [_raw({"v": SCHEMA_VERSION, "kind": "teleport", "request_id": "req_test"})]
+    return [*parts, _raw({"v": SCHEMA_VERSION, "kind": "teleport", "request_id": "req_test"})]
 
 
 def bad_dtype_in_open():
@@ -162,7 +201,9 @@ def checksum_mismatch():
     close = CloseFrame(
         request_id="req_test",
         streams={
-            "cond": StreamTotals(rows=ROWS, token_ids=token_ids_to_bytes(token_ids(ROWS)), answer_start_index=ROWS, checksum="0" * 16)
+            "cond": StreamTotals(
+                rows=ROWS, token_ids=token_ids_to_bytes(token_ids(ROWS)), answer_start_index=ROWS, checksum="0" * 16
+            )
         },
         cached_tokens=0,
         cache_creation_tokens=0,
@@ -175,7 +216,7 @@ def corrupt_payload():
     rows = _rows(encoder, 0, ROWS)
     payload = bytearray(rows[1])
     payload[0] ^= 0xFF
-    return parts + [rows[0], bytes(payload)]
+    return [*parts, rows[0], bytes(payload)]
 
 
 def frame_after_close():
@@ -213,7 +254,7 @@ def ends_without_close():
 def ends_inside_a_frame():
     encoder, parts = _handoff()
     rows = _rows(encoder, 0, ROWS)
-    return parts + [rows[0], rows[1][:100]]
+    return [*parts, rows[0], rows[1][:100]]
 
 
 def garbage():
@@ -264,7 +305,9 @@ def test_contract_violation_is_a_typed_4xx_and_releases_memory(dit_server, make_
         ({"conditioning": "telepathy"}, "conditioning"),
         ({"model": "some-other-llm"}, "model"),
         ({"final_norm": False}, "final_norm"),
+        ({"prefix_tokens": None}, "prompt"),
     ],
+    ids=["hidden_size", "conditioning", "model", "final_norm", "no_prefix_tokens"],
 )
 def test_conditioning_mismatch_is_refused_at_open(dit_server, open_options, param):
     hidden = open_options.get("hidden", HIDDEN)
@@ -278,16 +321,27 @@ def test_conditioning_mismatch_is_refused_at_open(dit_server, open_options, para
 @pytest.mark.parametrize(
     "diffusion, param",
     [
-        (params(width=40), "diffusion.width"),
-        (params(height=24), "diffusion.height"),
-        (params(width=2048, height=2048), "diffusion.width"),
-        (params(num_inference_steps=1), "diffusion.num_inference_steps"),
-        (params(num_inference_steps=101), "diffusion.num_inference_steps"),
-        (params(num_images=11), "diffusion.num_images"),
-        (params(guidance_scale=4.0), "diffusion.guidance_scale"),
-        (params(guidance_scale=float("inf")), "diffusion.guidance_scale"),
+        (params(width=40), "size"),
+        (params(height=24), "size"),
+        (params(width=2048, height=2048), "size"),
+        (params(num_inference_steps=1), "num_inference_steps"),
+        (params(num_inference_steps=101), "num_inference_steps"),
+        (params(num_images=11), "n"),
+        (params(guidance_scale=4.0), "guidance_scale"),
+        (params(guidance_scale=float("inf")), "guidance_scale"),
+        (params(seed=2**64 - 1, num_images=2), "seed"),
     ],
-    ids=["width", "height", "pixels", "one_step", "too_many_steps", "images", "cfg_without_uncond", "inf_guidance"],
+    ids=[
+        "width",
+        "height",
+        "pixels",
+        "one_step",
+        "too_many_steps",
+        "images",
+        "cfg_without_uncond",
+        "inf_guidance",
+        "seed_overflow",
+    ],
 )
 def test_diffusion_params_the_model_cannot_honour_are_refused(dit_server, diffusion, param):
     answer = post_handoff(dit_server.url, complete_handoff(hidden_rows(ROWS), diffusion=diffusion))
@@ -301,7 +355,8 @@ def test_prompt_longer_than_max_sequence_length_is_refused(dit_server):
     answer = post_handoff(dit_server.url, complete_handoff(hidden_rows(70), frame_rows=16))
     assert answer.status == 422
     assert answer.error["code"] == "prompt_too_long"
-    assert answer.error["message"] == "prompt too long for the DiT (70 > 64)"
+    assert answer.error["message"] == "prompt too long for the DiT (70 > 64 rows)"
+    assert answer.error["param"] == "prompt"
     assert_released(dit_server.url)
 
 

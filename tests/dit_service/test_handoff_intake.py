@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from prometheus_client import CollectorRegistry
 
-from dit_service.errors import ConditioningMismatch, HandoffStalled
+from dit_service.errors import ConditioningMismatch, HandoffDeadlineExceeded, HandoffStalled
 from dit_service.handoff_intake import HandoffIntake
 from dit_service.metrics import DitMetrics
 from shared.errors import HandoffAborted
@@ -20,15 +21,38 @@ from tests.dit_service.handoff_requests import complete_handoff, hidden_rows, op
 ROW_BYTES = 576 * 4
 
 
-def intake(metrics: DitMetrics, stall: float = 5.0, pool: RowBufferPool | None = None) -> HandoffIntake:
-    return HandoffIntake(AssemblyCaps(), FrameLimits(), stall, metrics, pool)
+def intake(
+    metrics: DitMetrics, stall: float = 5.0, pool: RowBufferPool | None = None, deadline: float = 60.0
+) -> HandoffIntake:
+    return HandoffIntake(AssemblyCaps(), FrameLimits(), stall, deadline, metrics, pool)
 
 
-async def chunks_of(parts, pause_after: int | None = None):
+async def chunks_of(parts, pause_after: int | None = None, trickle: float = 0.0):
     for index, part in enumerate(parts):
         yield part
         if index == pause_after:
             await asyncio.sleep(3600)
+        await asyncio.sleep(trickle)
+
+
+def test_a_sender_that_trickles_within_the_stall_timeout_still_meets_the_deadline():
+    metrics = DitMetrics(CollectorRegistry())
+    encoder = HandoffEncoder(open_frame(5))
+    parts = [bytes(b) for b in encoder.open_frame() + encoder.rows("cond", 0, token_ids(2), hidden_rows(2))]
+    one_byte_at_a_time = [part[i : i + 1] for part in parts for i in range(len(part))]
+
+    async def run():
+        started = time.monotonic()
+        with pytest.raises(HandoffDeadlineExceeded):
+            async with intake(metrics, stall=0.2, deadline=0.5).receive(
+                chunks_of(one_byte_at_a_time, trickle=0.05), lambda frame: None
+            ):
+                pass
+        return time.monotonic() - started
+
+    assert asyncio.run(run()) < 1.0
+    assert gauge(metrics, "handoff_buffer_bytes") == 0 and gauge(metrics, "handoffs_in_flight") == 0
+    assert metrics.handoff_failures.labels("handoff_deadline_exceeded")._value.get() == 1
 
 
 def gauge(metrics: DitMetrics, name: str) -> float:
@@ -46,7 +70,7 @@ def test_rows_are_accounted_while_held_and_released_after():
 
     asyncio.run(run())
     assert gauge(metrics, "handoff_buffer_bytes") == 0
-    assert metrics.handoff_frames_received._value.get() == 3
+    assert metrics.handoff_received_frames._value.get() == 3
     assert metrics.handoff_receive_seconds._sum.get() > 0
 
 

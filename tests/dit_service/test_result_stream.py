@@ -16,8 +16,10 @@ from dit_service.admission import AdmissionControl
 from dit_service.conditioning import Conditioning
 from dit_service.metrics import DitMetrics
 from dit_service.pipeline_runner import RenderCancelled, RenderJob, RenderTimings
+from dit_service.render_scheduler import RenderScheduler
 from dit_service.result_stream import ResultStream
 from services.errors import ApiError
+from services.fatal import Fatal
 from shared.result_frames import RESULT_MEDIA_TYPE, ImageFrame, PartialImageFrame, ResultReader
 from tests.dit_service.handoff_requests import (
     complete_handoff,
@@ -32,8 +34,28 @@ JOB = RenderJob("req_x", Conditioning(torch.zeros(1, 1, 4), torch.ones(1, 1, dty
 FRAME = {"request_id": "req_x", "image_index": 0, "output_format": "png"}
 
 
+def result_stream(
+    runner,
+    admission: AdmissionControl,
+    metrics: DitMetrics | None = None,
+    fatal: Fatal | None = None,
+    progress_interval: float = 60.0,
+) -> ResultStream:
+    metrics = metrics or DitMetrics(CollectorRegistry())
+    # Batching off: the scheduler hands each job to ``runner`` alone (the batch runner is never used).
+    scheduler = RenderScheduler(runner, None, admission.run_slots, metrics, max_batch_size=1, window=0.0)  # type: ignore[arg-type]
+    return ResultStream(
+        scheduler,
+        metrics,
+        fatal or Fatal(),
+        progress_interval=progress_interval,
+        max_consecutive_failures=2,
+    )
+
+
 class ScriptedRunner:
-    """Stands in for PipelineRunner: emits a preview and an image, or fails, or waits to be cancelled."""
+    """Stands in for PipelineRunner: emits a preview and an image, or fails, or waits to be cancelled,
+    or takes a long silent step."""
 
     def __init__(self, behaviour: str) -> None:
         self.behaviour = behaviour
@@ -50,16 +72,18 @@ class ScriptedRunner:
                 assert cancel.wait(10)
                 time.sleep(0.2)  # the step in progress finishes before the loop notices
                 raise RenderCancelled()
+            if self.behaviour == "silent_step":
+                time.sleep(0.5)
             emit(ImageFrame(**FRAME, seed=0, width=32, height=32, data=b"i"))
             return RenderTimings(denoise=1.0)
         finally:
             self.finished.set()
 
 
-def collect(behaviour: str):
+def collect(behaviour: str, fatal: Fatal | None = None, progress_interval: float = 60.0):
     async def run():
         admission = AdmissionControl(max_handoffs=1, max_runs=1, queue_size=0, retry_after_seconds=1)
-        stream = ResultStream(ScriptedRunner(behaviour), admission.run_slots, DitMetrics(CollectorRegistry()))
+        stream = result_stream(ScriptedRunner(behaviour), admission, fatal=fatal, progress_interval=progress_interval)
         response = stream.respond(JOB, admission.run_ticket(), time.monotonic(), handoff_seconds=0.5)
         assert response.media_type == RESULT_MEDIA_TYPE
         reader = ResultReader()
@@ -86,6 +110,27 @@ def test_failure_after_the_start_ends_with_an_error_frame_without_internals():
     assert "secret" not in frames[-1].message
 
 
+def test_a_silent_stretch_is_filled_with_progress_so_silence_means_frozen():
+    frames = collect("silent_step", progress_interval=0.1)
+    kinds = [f.kind for f in frames]
+    assert kinds[0] == "partial_image" and kinds[-2:] == ["image", "done"]
+    assert 2 <= kinds.count("progress") <= 6  # about one per 0.1 s of a 0.5 s silent step
+
+
+def test_consecutive_failures_of_one_stream_trigger_fatal():
+    async def run():
+        fatal = Fatal()
+        admission = AdmissionControl(max_handoffs=1, max_runs=1, queue_size=2, retry_after_seconds=1)
+        stream = result_stream(ScriptedRunner("fail"), admission, fatal=fatal)
+        for expected in (None, "the pipeline failed 2 runs in a row"):
+            response = stream.respond(JOB, admission.run_ticket(), 0.0, 0.0)
+            async for _ in response.body_iterator:
+                pass
+            assert fatal.reason == expected
+
+    asyncio.run(run())
+
+
 async def wait_until(event: threading.Event) -> None:
     while not event.is_set():
         await asyncio.sleep(0.01)
@@ -97,7 +142,7 @@ def test_a_consumer_that_goes_away_stops_the_run_and_capacity_returns_only_when_
         admission = AdmissionControl(max_handoffs=1, max_runs=1, queue_size=0, retry_after_seconds=1)
         runner = ScriptedRunner("wait_for_cancel")
         metrics = DitMetrics(CollectorRegistry())
-        response = ResultStream(runner, admission.run_slots, metrics).respond(JOB, admission.run_ticket(), 0.0, 0.0)
+        response = result_stream(runner, admission, metrics).respond(JOB, admission.run_ticket(), 0.0, 0.0)
         frames = response.body_iterator
         await anext(frames)  # the preview: the run is under way
         await frames.aclose()  # what a disconnect does to the response
@@ -116,9 +161,7 @@ def test_a_response_that_never_streams_still_stops_its_run_and_returns_its_ticke
     async def run():
         admission = AdmissionControl(max_handoffs=1, max_runs=1, queue_size=0, retry_after_seconds=1)
         runner = ScriptedRunner("wait_for_cancel")
-        response = ResultStream(runner, admission.run_slots, DitMetrics(CollectorRegistry())).respond(
-            JOB, admission.run_ticket(), 0.0, 0.0
-        )
+        response = result_stream(runner, admission).respond(JOB, admission.run_ticket(), 0.0, 0.0)
         await asyncio.to_thread(runner.started.wait, 10)
         await response.background()  # what Starlette runs when the client is gone before the first byte
         await wait_until(runner.finished)
@@ -172,7 +215,7 @@ def test_concurrent_requests_render_what_sequential_ones_do(dit_server):
     sequential = [post_handoff(dit_server.url, body) for body in bodies]
     with ThreadPoolExecutor(2) as pool:
         concurrent = list(pool.map(lambda body: post_handoff(dit_server.url, body), bodies))
-    for alone, together in zip(sequential, concurrent):
+    for alone, together in zip(sequential, concurrent, strict=True):
         assert [i.data for i in alone.images] == [i.data for i in together.images]
 
 
@@ -182,18 +225,20 @@ def test_disconnect_mid_run_interrupts_it_and_frees_the_pipeline(narrow_server):
     images_before = metric(url, "ardit_dit_images_total", format="png")
     diffusion = params(width=128, height=128, num_inference_steps=400, partial_images=3)
     body = complete_handoff(hidden_rows(10), diffusion=diffusion)
-    with httpx.Client(timeout=60) as client:
-        with client.stream("POST", f"{url}/v1/handoff", content=iter(body), headers=handoff_headers()) as response:
-            assert response.status_code == 200
-            # Held in a variable: a dropped iterator would close the connection right away.
-            chunks, reader = response.iter_bytes(), ResultReader()
-            while not any(f.kind == "partial_image" for f in reader.feed(next(chunks))):
-                pass
-            assert metric(url, "ardit_dit_pipeline_runs_in_flight") == 1
-            # The only run slot is taken and nothing may queue: refused up front.
-            busy = post_handoff(url, complete_handoff(hidden_rows(10)))
-            assert busy.status == 429 and busy.error["code"] == "pipeline_queue_full"
-            assert busy.headers["retry-after"]
+    with (
+        httpx.Client(timeout=60) as client,
+        client.stream("POST", f"{url}/v1/handoff", content=iter(body), headers=handoff_headers()) as response,
+    ):
+        assert response.status_code == 200
+        # Held in a variable: a dropped iterator would close the connection right away.
+        chunks, reader = response.iter_bytes(), ResultReader()
+        while not any(f.kind == "partial_image" for f in reader.feed(next(chunks))):
+            pass
+        assert metric(url, "ardit_dit_pipeline_runs_in_flight") == 1
+        # The only run slot is taken and nothing may queue: refused up front.
+        busy = post_handoff(url, complete_handoff(hidden_rows(10)))
+        assert busy.status == 429 and busy.error["code"] == "pipeline_queue_full"
+        assert busy.headers["retry-after"]
     deadline = time.monotonic() + 10
     while metric(url, "ardit_dit_pipeline_runs_in_flight") or not metric(
         url, "ardit_dit_pipeline_failures_total", reason="client_disconnected"

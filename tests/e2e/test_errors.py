@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
+import socket
+import time
+
 import httpx
 import openai
 import pytest
 from openai import OpenAI
 
 from tests.conftest import API_KEY
+from tests.support.dit_pools import dit_pool, using_dits
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def client(stack) -> OpenAI:
-    return OpenAI(base_url=stack.api_base, api_key=API_KEY, max_retries=0, timeout=120,
-                  _strict_response_validation=True)
+    return OpenAI(
+        base_url=stack.api_base, api_key=API_KEY, max_retries=0, timeout=120, _strict_response_validation=True
+    )
 
 
 def error_body(response: httpx.Response) -> dict:
@@ -40,11 +46,19 @@ def error_body(response: httpx.Response) -> dict:
         ({"prompt": "x", "max_new_tokens": 10_000}, "max_new_tokens"),
         ({"prompt": "x", "unknown_field": 1}, "unknown_field"),
         ({"prompt": "word " * 2000}, "prompt"),
+        ({"prompt": "x", "size": "\u00b256x256"}, "size"),
+        ({"prompt": "x", "size": "1" * 4301 + "x16"}, "size"),
+        ({"prompt": "x", "stream": "yes"}, "stream"),
+        ({"prompt": "x", "seed": True}, "seed"),
     ],
 )
 def test_invalid_requests_are_400_naming_the_param(stack, payload, param):
-    response = httpx.post(f"{stack.api_base}/images/generations", json=payload,
-                          headers={"authorization": f"Bearer {API_KEY}"}, timeout=120)
+    response = httpx.post(
+        f"{stack.api_base}/images/generations",
+        json=payload,
+        headers={"authorization": f"Bearer {API_KEY}"},
+        timeout=120,
+    )
     assert response.status_code == 400, response.text
     error = error_body(response)
     assert error["type"] == "invalid_request_error" and error["param"] == param
@@ -88,14 +102,54 @@ def test_health_on_both_and_503_while_the_dit_is_not_ready(stack, client):
     for url in (stack.ar.url, stack.dit.url):
         assert httpx.get(f"{url}/healthz").json() == {"status": "ok"}
         assert httpx.get(f"{url}/readyz").status_code == 200
-    runtime = stack.runtime
-    # The AR's last DiT probe said "not ready", recently enough not to be repeated.
-    runtime.peer_ready, runtime.peer_checked_at = False, float("inf")
-    try:
-        assert httpx.get(f"{stack.ar.url}/readyz").status_code == 503
+    # A DiT nobody listens for: the AR's probe finds it unreachable.
+    with using_dits(stack, dit_pool(stack, f"http://127.0.0.1:{free_port()}")):
+        body = httpx.get(f"{stack.ar.url}/readyz")
+        assert body.status_code == 503 and "unreachable" in body.json()["reason"]
         with pytest.raises(openai.InternalServerError) as info:
             client.images.generate(prompt="x", size="64x64", extra_body={"num_inference_steps": 2})
         assert info.value.status_code == 503 and info.value.body["code"] == "not_ready"
-    finally:
-        runtime.peer_checked_at = 0.0
     assert httpx.get(f"{stack.ar.url}/readyz").status_code == 200
+
+
+def test_the_dit_announces_its_limits_and_the_ar_checks_requests_against_them(stack):
+    capabilities = httpx.get(f"{stack.dit.url}/readyz").json()["capabilities"]
+    limits = capabilities["limits"]
+    assert capabilities["hidden_size"] == 576 and limits["size_multiple"] == 16
+    # One step under the DiT's fewest: refused by the AR with the public name, before any work.
+    response = httpx.post(
+        f"{stack.api_base}/images/generations",
+        headers={"authorization": f"Bearer {API_KEY}"},
+        json={"prompt": "x", "size": "64x64", "num_inference_steps": limits["min_inference_steps"] - 1},
+    )
+    assert response.status_code == 400 and error_body(response)["param"] == "num_inference_steps"
+
+
+def test_bad_input_before_any_work_is_never_a_500(stack):
+    url = f"{stack.api_base}/images/generations"
+    # Not ASCII in the key: a 401 on every route, the admin one included.
+    for method, path in (
+        ("POST", "/v1/images/generations"),
+        ("GET", "/v1/models"),
+        ("POST", "/admin/reset_prefix_cache"),
+    ):
+        with socket.create_connection(("127.0.0.1", stack.ar.port)) as sock:
+            sock.sendall(
+                f"{method} {path} HTTP/1.1\r\nHost: ar\r\nContent-Length: 0\r\n".encode()
+                + b"Authorization: Bearer \xc3\xa9\r\n\r\n"
+            )
+            assert sock.recv(100).startswith(b"HTTP/1.1 401"), path
+    # A 50 MB body: refused from its Content-Length, before a byte of it is read.
+    started = time.monotonic()
+    big = httpx.post(url, content=b"{" + b" " * (50 << 20) + b"}", headers={"authorization": f"Bearer {API_KEY}"})
+    assert big.status_code == 413 and error_body(big)["code"] == "request_too_large"
+    assert time.monotonic() - started < 5
+
+
+def test_a_refusal_known_before_the_stream_starts_is_an_http_status(stack):
+    response = httpx.post(
+        f"{stack.api_base}/images/generations",
+        headers={"authorization": f"Bearer {API_KEY}"},
+        json={"prompt": "x", "size": "100x100", "stream": True},
+    )
+    assert response.status_code == 400 and error_body(response)["param"] == "size"

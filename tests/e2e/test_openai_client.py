@@ -23,8 +23,9 @@ LONG_PROMPT = ", ".join(["a quiet harbour at dawn with fishing boats and gulls"]
 
 @pytest.fixture(scope="module")
 def client(stack) -> OpenAI:
-    return OpenAI(base_url=stack.api_base, api_key=API_KEY, max_retries=0, timeout=300,
-                  _strict_response_validation=True)
+    return OpenAI(
+        base_url=stack.api_base, api_key=API_KEY, max_retries=0, timeout=300, _strict_response_validation=True
+    )
 
 
 def png(b64: str) -> Image.Image:
@@ -34,11 +35,15 @@ def png(b64: str) -> Image.Image:
 
 
 def test_generate_returns_png_of_requested_size(client):
-    result = client.images.generate(model="ardit", prompt="a red fox in the snow", size="64x48",
-                                    extra_body={"seed": 3, **FAST})
+    result = client.images.generate(
+        model="ardit", prompt="a red fox in the snow", size="64x48", extra_body={"seed": 3, **FAST}
+    )
     image = png(result.data[0].b64_json)
     assert image.format == "PNG" and image.size == (64, 48)
-    assert result.usage.input_tokens > 34 and result.usage.total_tokens == result.usage.input_tokens + result.usage.output_tokens
+    assert (
+        result.usage.input_tokens > 34
+        and result.usage.total_tokens == result.usage.input_tokens + result.usage.output_tokens
+    )
     assert result.size == "64x48" and result.output_format == "png"
 
 
@@ -54,13 +59,20 @@ def test_same_seed_same_bytes_other_seed_other_bytes(client):
 
 def test_extras_take_effect(client):
     base = client.images.generate(prompt="a teapot", size="64x64", extra_body={"seed": 5, **FAST})
-    more_steps = client.images.generate(prompt="a teapot", size="64x64", extra_body={"seed": 5, "num_inference_steps": 3})
+    more_steps = client.images.generate(
+        prompt="a teapot", size="64x64", extra_body={"seed": 5, "num_inference_steps": 3}
+    )
     assert base.data[0].b64_json != more_steps.data[0].b64_json
-    generated = client.images.generate(prompt="a teapot", size="64x64", extra_body={"seed": 5, "max_new_tokens": 5, **FAST})
+    generated = client.images.generate(
+        prompt="a teapot", size="64x64", extra_body={"seed": 5, "max_new_tokens": 5, **FAST}
+    )
     assert generated.usage.output_tokens == 5
     assert generated.data[0].revised_prompt  # the AR's generated text
-    cfg = client.images.generate(prompt="a teapot", size="64x64",
-                                 extra_body={"seed": 5, "guidance_scale": 4.0, "negative_prompt": "blurry", **FAST})
+    cfg = client.images.generate(
+        prompt="a teapot",
+        size="64x64",
+        extra_body={"seed": 5, "guidance_scale": 4.0, "negative_prompt": "blurry", **FAST},
+    )
     assert cfg.data[0].b64_json != base.data[0].b64_json
     assert cfg.usage.input_tokens > base.usage.input_tokens  # the negative prompt was encoded too
 
@@ -73,33 +85,70 @@ def test_n_images_with_consecutive_seeds(client):
 
 
 def test_repeated_prompt_is_served_from_the_prefix_cache(client):
-    first = client.images.generate(prompt=LONG_PROMPT, size="64x64", extra_body={"seed": 1, "cache_salt": "e2e-repeat", **FAST})
-    second = client.images.generate(prompt=LONG_PROMPT, size="64x64", extra_body={"seed": 1, "cache_salt": "e2e-repeat", **FAST})
+    first = client.images.generate(
+        prompt=LONG_PROMPT, size="64x64", extra_body={"seed": 1, "cache_salt": "e2e-repeat", **FAST}
+    )
+    second = client.images.generate(
+        prompt=LONG_PROMPT, size="64x64", extra_body={"seed": 1, "cache_salt": "e2e-repeat", **FAST}
+    )
     assert first.usage.model_extra["cached_tokens"] == 0
     assert second.usage.model_extra["cached_tokens"] > 0
     assert second.usage.model_extra["cached_tokens"] == (first.usage.input_tokens - 1) // 128 * 128
     assert first.data[0].b64_json == second.data[0].b64_json
 
 
-def test_url_response_format_serves_the_image(client, stack):
-    result = client.images.generate(prompt="a cactus", size="64x64", response_format="url", extra_body={"seed": 2, **FAST})
+def test_url_response_format_serves_the_image_to_whoever_holds_the_url(client, stack):
+    result = client.images.generate(
+        prompt="a cactus", size="64x64", response_format="url", extra_body={"seed": 2, **FAST}
+    )
     url = result.data[0].url
     assert url.startswith(stack.ar.url) and "/v1/images/img_" in url
-    fetched = httpx.get(url, headers={"authorization": f"Bearer {API_KEY}"})
+    fetched = httpx.get(url)  # no API key: the unguessable URL is the capability
     assert fetched.status_code == 200 and fetched.headers["content-type"] == "image/png"
     assert Image.open(io.BytesIO(fetched.content)).size == (64, 64)
+    # A name that was never issued (or has expired) is a JSON 404, with or without a key.
+    missing = httpx.get(f"{stack.api_base}/images/img_{'A' * 24}.png")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+
+
+def test_the_newest_generation_fields_are_accepted(client):
+    result = client.images.generate(
+        prompt="a kite",
+        size="64x64",
+        safety_identifier="user-hash-1",
+        user="legacy-user",
+        moderation="low",
+        style="vivid",
+        complexity="high",
+        frame_count=4,
+        frame_duration_ms=120,
+        svg={"model": "any", "reasoning": {"effort": "low"}},
+        quality="low",
+        extra_body={"seed": 3, **FAST},
+    )
+    assert result.safety_identifier == "user-hash-1" and result.quality == "low"
+    plain = client.images.generate(prompt="a kite", size="64x64", quality="low", extra_body={"seed": 3, **FAST})
+    assert result.data[0].b64_json == plain.data[0].b64_json  # accepted, and nothing here depends on them
 
 
 def test_jpeg_and_webp_output(client):
     for fmt in ("jpeg", "webp"):
-        r = client.images.generate(prompt="a boat", size="64x64", output_format=fmt, output_compression=80,
-                                   extra_body={"seed": 2, **FAST})
+        r = client.images.generate(
+            prompt="a boat", size="64x64", output_format=fmt, output_compression=80, extra_body={"seed": 2, **FAST}
+        )
         assert Image.open(io.BytesIO(base64.b64decode(r.data[0].b64_json))).format == fmt.upper()
 
 
 def test_streaming_partial_then_completed(client):
-    events = list(client.images.generate(prompt="a lantern", size="64x64", stream=True, partial_images=2,
-                                         extra_body={"seed": 4, "num_inference_steps": 4}))
+    events = list(
+        client.images.generate(
+            prompt="a lantern",
+            size="64x64",
+            stream=True,
+            partial_images=2,
+            extra_body={"seed": 4, "num_inference_steps": 4},
+        )
+    )
     kinds = [e.type for e in events]
     assert kinds[-1] == "image_generation.completed"
     partials = [e for e in events if e.type == "image_generation.partial_image"]
@@ -107,6 +156,7 @@ def test_streaming_partial_then_completed(client):
     assert png(partials[0].b64_json).size == (64, 64)
     completed = events[-1]
     assert png(completed.b64_json).size == (64, 64) and completed.usage.input_tokens > 0
+    assert {e.size for e in events} == {"64x64"}  # the rendered size: strict mode takes any WIDTHxHEIGHT
 
 
 def test_models_endpoints(client):
@@ -122,10 +172,13 @@ def test_request_id_is_echoed_and_logged_by_both_services(stack, caplog):
 
     caplog.set_level("INFO")
     caplog.handler.addFilter(RequestIdLogFilter())
-    response = httpx.post(f"{stack.api_base}/images/generations", headers={"authorization": f"Bearer {API_KEY}",
-                          "x-request-id": "trace-e2e-42"}, json={"prompt": "a bell", "size": "64x64", **FAST},
-                          timeout=300)
+    response = httpx.post(
+        f"{stack.api_base}/images/generations",
+        headers={"authorization": f"Bearer {API_KEY}", "x-request-id": "trace-e2e-42"},
+        json={"prompt": "a bell", "size": "64x64", **FAST},
+        timeout=300,
+    )
     assert response.status_code == 200 and response.headers["x-request-id"] == "trace-e2e-42"
     traced = {r.name for r in caplog.records if getattr(r, "request_id", None) == "trace-e2e-42"}
-    assert "ardit.ar.api" in traced  # the AR's line for this request
+    assert "ardit.ar.serving" in traced  # the AR's line for this request
     assert any(name.startswith("ardit.dit") for name in traced)  # the DiT's, via the handoff's header

@@ -33,7 +33,7 @@ class LiveServer:
         asyncio.set_event_loop(self.loop)
         self.loop.run_until_complete(self._server.serve(sockets=[self._socket]))
 
-    def start(self, timeout: float = 60.0) -> "LiveServer":
+    def start(self, timeout: float = 60.0) -> LiveServer:
         self._thread.start()
         deadline = time.monotonic() + timeout
         while not self._server.started:
@@ -42,7 +42,7 @@ class LiveServer:
             time.sleep(0.02)
         return self
 
-    def wait_ready(self, timeout: float = 600.0) -> "LiveServer":
+    def wait_ready(self, timeout: float = 600.0) -> LiveServer:
         deadline = time.monotonic() + timeout
         while True:
             response = httpx.get(f"{self.url}/readyz")

@@ -1,0 +1,327 @@
+"""The AR engine: vLLM ``AsyncLLM`` in process, with hidden-state capture, as a stream of events.
+
+``HiddenStateEngine.run(request)`` yields ``RowsEvent`` as rows become available — all prompt
+rows right after prefill (cached rows included: they are read back from prefix-cached blocks),
+then the rows of each decode step — and ends with one ``FinishedEvent`` carrying the token ids
+and vLLM's cache counts. Rows are tagged with the token id of each row, so a generated row is
+held until the token it belongs to has come out of the engine.
+
+Row count = prompt + generated - 1: the last sampled token is never fed back, so it has no row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import tempfile
+import time
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from vllm.v1.engine.exceptions import EngineDeadError
+
+from ar_service.engine.connector import ROW_COUNT_KEY, ROW_QUEUE_KEY, HiddenStateConnector
+from ar_service.engine.row_channel import RowChannel, RowChunk, RowQueue
+from ar_service.settings import ArSettings
+from services.tracing import current_traceparent, otlp_traces_endpoint
+
+if TYPE_CHECKING:
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+log = logging.getLogger("ardit.ar.engine")
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    engine_request_id: str  # unique per engine request: vLLM's request id, and its row queue's
+    prompt_token_ids: list[int]
+    max_new_tokens: int = 1
+    temperature: float = 0.0
+    seed: int | None = None
+    cache_salt: str | None = None
+
+
+@dataclass(frozen=True)
+class RowsEvent:
+    start: int
+    rows: torch.Tensor  # [n, hidden], source dtype, post-norm when configured
+    token_ids: list[int]
+
+
+@dataclass(frozen=True)
+class FinishedEvent:
+    token_ids: list[int]  # prompt + generated
+    prompt_tokens: int
+    generated_token_ids: list[int]
+    row_count: int
+    cached_tokens: int
+    cache_creation_tokens: int
+    submitted_at: float  # perf_counter at submission
+    first_token_at: float  # perf_counter when the first generated token came out
+    finished_at: float
+
+
+EngineEvent = RowsEvent | FinishedEvent
+
+
+class EngineUnavailable(RuntimeError):
+    """The engine is not running (not started yet, or dead): no request can be served."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    hidden_size: int
+    num_hidden_layers: int
+
+    @classmethod
+    def read(cls, model_dir: Path) -> ModelShape:
+        config = json.loads((model_dir / "config.json").read_text())
+        text = config.get("text_config", config)  # multimodal checkpoints nest the LLM config
+        return cls(hidden_size=text["hidden_size"], num_hidden_layers=text["num_hidden_layers"])
+
+
+class HiddenStateEngine:
+    def __init__(self, settings: ArSettings) -> None:
+        self.settings = settings
+        self.shape = ModelShape.read(settings.model_dir)
+        self.layer = settings.hidden_layer if settings.hidden_layer is not None else self.shape.num_hidden_layers
+        self.dtype = getattr(torch, settings.dtype)
+        self._engine: AsyncLLM | None = None
+        self._channel: RowChannel | None = None
+        self._socket_dir: tempfile.TemporaryDirectory[str] | None = None
+
+    @property
+    def block_size(self) -> int:
+        return int(self._running().vllm_config.cache_config.block_size)
+
+    @property
+    def channel(self) -> RowChannel | None:
+        return self._channel
+
+    @property
+    def vllm(self) -> AsyncLLM:
+        """The underlying AsyncLLM (for counters tests and benchmarks read)."""
+        return self._running()
+
+    def start(self) -> None:
+        from vllm.config import CompilationConfig, CompilationMode, KVEventsConfig
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        s = self.settings
+        extra: dict = {}
+        if s.capture_hidden_states:
+            self._socket_dir = tempfile.TemporaryDirectory(prefix="ardit-rows-")
+            self._channel = RowChannel(f"ipc://{self._socket_dir.name}/rows.sock")
+            extra = {
+                "speculative_config": {
+                    "method": "extract_hidden_states",
+                    "num_speculative_tokens": 1,
+                    "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [self.layer]}},
+                },
+                "kv_transfer_config": {
+                    "kv_connector": HiddenStateConnector.__name__,
+                    "kv_connector_module_path": HiddenStateConnector.__module__,
+                    "kv_role": "kv_producer",
+                    "kv_connector_extra_config": {"rows_endpoint": self._channel.endpoint, "final_norm": s.final_norm},
+                },
+            }
+        args = AsyncEngineArgs(
+            model=str(s.model_dir),
+            dtype=s.dtype,
+            seed=s.seed,
+            block_size=s.block_size,
+            enable_prefix_caching=s.enable_prefix_caching,
+            # sha256 block hashes are reproducible across processes and restarts.
+            prefix_caching_hash_algo="sha256",
+            kv_cache_memory_bytes=s.kv_cache_bytes,
+            max_model_len=s.max_model_len,
+            max_num_seqs=s.max_num_seqs,
+            max_num_batched_tokens=s.max_num_batched_tokens,
+            compilation_config=CompilationConfig(
+                mode=CompilationMode.VLLM_COMPILE if s.compile else CompilationMode.NONE
+            ),
+            # Capture reads rows in the scheduler step that computed them; async scheduling
+            # would make num_computed_tokens run ahead of what is written.
+            async_scheduling=False,
+            disable_log_stats=False,
+            kv_events_config=KVEventsConfig(
+                enable_kv_cache_events=True, publisher="zmq", endpoint=s.kv_events_endpoint, topic=s.kv_events_topic
+            )
+            if s.kv_events_publisher == "zmq"
+            else None,
+            # vLLM's own request spans (queue, prefill, decode times) join ardit's traces when OTLP is on.
+            otlp_traces_endpoint=otlp_traces_endpoint(),
+            **extra,
+        )
+        started = time.perf_counter()
+        self._engine = AsyncLLM.from_engine_args(args)
+        log.info(
+            "engine up in %.1fs: %s, block size %d, prefix caching %s, capture %s (layer %d, final norm %s)",
+            time.perf_counter() - started,
+            s.model_dir.name,
+            self.block_size,
+            s.enable_prefix_caching,
+            s.capture_hidden_states,
+            self.layer,
+            s.final_norm,
+        )
+
+    def shutdown(self) -> None:
+        if self._engine is not None:
+            self._engine.shutdown()
+            self._engine = None
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+        if self._socket_dir is not None:
+            self._socket_dir.cleanup()
+
+    async def reset_prefix_cache(self) -> bool:
+        return bool(await self._running().reset_prefix_cache())
+
+    @property
+    def dead(self) -> bool:
+        """The engine ran and died (its core process is gone or its output loop ended)."""
+        return self._engine is not None and bool(self._engine.errored)
+
+    def _running(self) -> AsyncLLM:
+        if self._engine is None:
+            raise EngineUnavailable("the AR engine is not running")
+        return self._engine
+
+    async def run(self, request: EngineRequest) -> AsyncGenerator[EngineEvent, None]:
+        """The request's rows as they become final, then its ``FinishedEvent``; aborted if left early."""
+        if self._engine is None:
+            raise EngineUnavailable("the AR engine is not running")
+        rows = (
+            self._channel.open_queue(request.engine_request_id, self.settings.row_buffer_bytes)
+            if self._channel is not None
+            else None
+        )
+        run = _EngineRun(self._engine, request, capture=rows is not None)
+        task = asyncio.create_task(run.consume(), name=f"engine-{request.engine_request_id}")
+        try:
+            async for event in self._merge(run, task, rows, request):
+                yield event
+        finally:
+            if not task.done():
+                task.cancel()
+                await self._engine.abort(request.engine_request_id)
+            await asyncio.gather(task, return_exceptions=True)
+            if self._channel is not None:
+                self._channel.close_queue(request.engine_request_id)
+
+    async def _merge(
+        self, run: _EngineRun, task: asyncio.Task[None], rows: RowQueue | None, request: EngineRequest
+    ) -> AsyncGenerator[EngineEvent, None]:
+        prompt = request.prompt_token_ids
+        received = 0
+        final_seen = rows is None
+        while rows is not None and not final_seen:
+            chunk = await self._next_rows(rows, task)
+            if chunk.start != received:
+                raise RuntimeError(f"{request.engine_request_id}: rows out of order ({chunk.start} != {received})")
+            end = chunk.start + chunk.rows.shape[0]
+            # A generated row needs its token id, which comes from the output channel.
+            while len(prompt) + len(run.generated) < end and not task.done():
+                await run.wait_for_tokens()
+            if len(prompt) + len(run.generated) < end:
+                await task  # raises if the engine failed
+                raise RuntimeError(f"{request.engine_request_id}: rows past the known tokens ({end})")
+            if chunk.rows.shape[0]:
+                ids = (prompt + run.generated)[chunk.start : end]
+                yield RowsEvent(start=chunk.start, rows=chunk.rows, token_ids=ids)
+            received = end
+            final_seen = chunk.final
+        await task
+        final = run.final
+        if final is None:
+            raise RuntimeError(f"{request.engine_request_id}: engine finished without a final output")
+        expected = (final.kv_transfer_params or {}).get(ROW_COUNT_KEY) if rows is not None else None
+        if expected is not None and expected != received:
+            raise RuntimeError(f"{request.engine_request_id}: {received} rows received, engine reports {expected}")
+        yield FinishedEvent(
+            token_ids=prompt + run.generated,
+            prompt_tokens=len(prompt),
+            generated_token_ids=list(run.generated),
+            row_count=received,
+            cached_tokens=final.num_cached_tokens or 0,
+            cache_creation_tokens=final.num_cache_creation_tokens or 0,
+            submitted_at=run.submitted_at,
+            first_token_at=run.first_token_at or run.finished_at,
+            finished_at=run.finished_at,
+        )
+
+    async def _next_rows(self, rows: RowQueue, task: asyncio.Task[None]) -> RowChunk:
+        """The next row chunk; fails fast if the engine request fails meanwhile."""
+        getter = asyncio.ensure_future(rows.next(self.settings.row_timeout_seconds))
+        try:
+            while True:
+                failure = task.exception() if task.done() else None
+                if failure is not None:
+                    raise failure
+                waiting = {getter} if task.done() else {getter, task}
+                done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                if getter in done:
+                    return getter.result()
+        finally:
+            getter.cancel()
+
+
+class _EngineRun:
+    """Consumes one request's RequestOutputs (token ids and counts) alongside the rows."""
+
+    def __init__(self, engine, request: EngineRequest, capture: bool) -> None:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        self._engine = engine
+        self.request = request
+        self.params = SamplingParams(
+            max_tokens=request.max_new_tokens,
+            temperature=request.temperature,
+            seed=request.seed,
+            output_kind=RequestOutputKind.DELTA,
+            extra_args={"kv_transfer_params": {ROW_QUEUE_KEY: request.engine_request_id}} if capture else None,
+        )
+        self.generated: list[int] = []
+        self.final = None
+        self._tokens = asyncio.Event()
+        self.submitted_at = time.perf_counter()
+        self.first_token_at: float | None = None
+        self.finished_at = 0.0
+
+    async def consume(self) -> None:
+        prompt: dict = {"prompt_token_ids": self.request.prompt_token_ids}
+        if self.request.cache_salt:
+            prompt["cache_salt"] = self.request.cache_salt
+        # vLLM warns about every trace context it gets while its tracing is off.
+        traced = self._engine.observability_config.otlp_traces_endpoint is not None
+        traceparent = current_traceparent() if traced else None
+        trace_headers = {"traceparent": traceparent} if traceparent else None
+        self.submitted_at = time.perf_counter()
+        try:
+            async for output in self._engine.generate(
+                prompt, self.params, request_id=self.request.engine_request_id, trace_headers=trace_headers
+            ):
+                new = output.outputs[0].token_ids if output.outputs else []
+                if new and self.first_token_at is None:
+                    self.first_token_at = time.perf_counter()
+                self.generated.extend(new)
+                if output.finished:
+                    self.final = output
+                self._tokens.set()
+        except EngineDeadError as exc:
+            raise EngineUnavailable("the AR engine died") from exc
+        finally:
+            self.finished_at = time.perf_counter()
+            self._tokens.set()
+
+    async def wait_for_tokens(self) -> None:
+        await self._tokens.wait()
+        self._tokens.clear()

@@ -1,0 +1,169 @@
+"""One request's handoff body: ``open``, rows as the engine produces them, ``close``.
+
+A ``HandoffBody`` owns everything the body is made of: an edit's image (and mask), sent right
+after ``open``; the engine runs of the request's streams (``cond``, and ``uncond`` with CFG)
+running side by side, the rows held back when the handoff is not overlapped with decoding, the
+finished events ``close`` reports, and the handoff's timing.
+The handoff client only iterates it (frame by frame, each a list of wire buffers) and tells it
+when the DiT answered.
+
+Rows become frames as soon as they arrive (``overlap``), so the transfer hides behind prefill
+and decoding; without ``overlap`` they are held and sent after the AR's last row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType, TracebackType
+
+from ar_service.engine.hidden_state_engine import EngineEvent, FinishedEvent, RowsEvent
+from shared.frame_types import Buffer
+from shared.frames import PixelRole, StreamName
+from shared.handoff_encoder import HandoffEncoder
+
+# A text-to-image handoff: no edit image.
+NO_PIXELS: Mapping[PixelRole, bytes] = MappingProxyType({})
+
+
+@dataclass
+class HandoffStats:
+    bytes_sent: int = 0
+    frames_sent: int = 0
+    last_row_at: float | None = None  # perf_counter when the AR produced its last row
+    acknowledged_at: float | None = None  # perf_counter when the DiT answered (handoff complete)
+
+    @property
+    def handoff_latency(self) -> float | None:
+        """AR's last row → DiT holds the complete conditioning (the tail not hidden by decoding)."""
+        if self.last_row_at is None or self.acknowledged_at is None:
+            return None
+        return max(0.0, self.acknowledged_at - self.last_row_at)
+
+
+@dataclass(frozen=True)
+class ArTimings:
+    """Seconds from the HTTP request's arrival, from the ``cond`` stream's finished event."""
+
+    queue: float
+    ttft: float
+    decode: float
+    ar_total: float
+
+    @classmethod
+    def of(cls, received_at: float, cond: FinishedEvent) -> ArTimings:
+        return cls(
+            queue=max(0.0, cond.submitted_at - received_at),
+            ttft=max(0.0, cond.first_token_at - received_at),
+            decode=max(0.0, cond.finished_at - cond.first_token_at),
+            ar_total=max(0.0, cond.finished_at - received_at),
+        )
+
+    def as_dict(self) -> dict[str, float]:
+        return {"queue": self.queue, "ttft": self.ttft, "decode": self.decode, "ar_total": self.ar_total}
+
+
+class HandoffBody:
+    """Use as ``async with``: leaving it stops the engine runs that are still going."""
+
+    def __init__(
+        self,
+        encoder: HandoffEncoder,
+        runs: Mapping[StreamName, AsyncGenerator[EngineEvent, None]],
+        *,
+        overlap: bool,
+        received_at: float,
+        pixels: Mapping[PixelRole, bytes] = NO_PIXELS,
+    ) -> None:
+        self._encoder = encoder
+        self._pixels = pixels
+        self._runs = runs
+        self._overlap = overlap
+        self._received_at = received_at
+        self._events: asyncio.Queue[tuple[StreamName, EngineEvent | BaseException]] = asyncio.Queue()
+        self._pumps: list[asyncio.Task[None]] = []
+        self.finished: dict[StreamName, FinishedEvent] = {}
+        self.stats = HandoffStats()
+        # Set once the body took the engine's first rows: from then on the handoff belongs to the
+        # DiT it is going to (it is never offered to another one). Before that, iterating the body
+        # again starts it over, with nothing lost.
+        self.rows_started = False
+
+    async def __aenter__(self) -> HandoffBody:
+        self._pumps = [
+            asyncio.create_task(self._pump(name, run), name=f"pump-{name}") for name, run in self._runs.items()
+        ]
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        for pump in self._pumps:
+            pump.cancel()
+        await asyncio.gather(*self._pumps, return_exceptions=True)
+
+    @property
+    def cond(self) -> FinishedEvent:
+        return self.finished["cond"]
+
+    def ar_timings(self) -> ArTimings:
+        return ArTimings.of(self._received_at, self.cond)
+
+    def acknowledged(self) -> None:
+        """The DiT answered: it holds the complete conditioning (or refused it)."""
+        self.stats.acknowledged_at = time.perf_counter()
+
+    async def __aiter__(self) -> AsyncIterator[list[Buffer]]:
+        encoder = self._encoder
+        yield self._counted(encoder.open_frame())
+        for role, data in self._pixels.items():
+            yield self._counted(encoder.pixels(role, data))
+        held: list[tuple[StreamName, RowsEvent]] = []
+        while len(self.finished) < len(self._runs):
+            name, event = await self._events.get()
+            self.rows_started = True
+            if isinstance(event, BaseException):
+                raise event
+            if isinstance(event, FinishedEvent):
+                self.finished[name] = event
+            elif self._overlap:
+                for frame in encoder.row_frames(name, event.start, event.token_ids, event.rows):
+                    yield self._counted(frame)
+            else:
+                held.append((name, event))
+        # The handoff tail starts here, whether rows already went out or are still held.
+        self.stats.last_row_at = time.perf_counter()
+        for name, event in held:
+            for frame in encoder.row_frames(name, event.start, event.token_ids, event.rows):
+                yield self._counted(frame)
+        finished = self.finished
+        yield self._counted(
+            encoder.close(
+                token_ids={name: f.token_ids for name, f in finished.items()},
+                answer_start_index={name: f.prompt_tokens for name, f in finished.items()},
+                cached_tokens=sum(f.cached_tokens for f in finished.values()),
+                cache_creation_tokens=sum(f.cache_creation_tokens for f in finished.values()),
+                timings=self.ar_timings().as_dict(),
+            )
+        )
+
+    def _counted(self, frame: list[Buffer]) -> list[Buffer]:
+        self.stats.frames_sent += 1
+        self.stats.bytes_sent += sum(memoryview(b).nbytes for b in frame)
+        return frame
+
+    async def _pump(self, name: StreamName, run: AsyncGenerator[EngineEvent, None]) -> None:
+        try:
+            async for event in run:
+                await self._events.put((name, event))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # handed to the body, which fails the handoff with it
+            await self._events.put((name, exc))
+        finally:
+            # Leaving the run early (cancelled) closes it, which aborts its engine request.
+            with contextlib.suppress(Exception):
+                await run.aclose()

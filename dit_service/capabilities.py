@@ -1,0 +1,73 @@
+"""This DiT's announcement (``shared.capabilities``), built once from its settings and loaded model.
+
+Every limit comes from one place: the settings (operator's caps) or the model itself (size
+multiple, fewest steps, conditioning width). Defaults follow settings, then the model card, then
+fallbacks that suit any Qwen-Image.
+"""
+
+from __future__ import annotations
+
+from dit_service.conditioning import ConditioningAdapters
+from dit_service.image_encoder import ImageEncoder
+from dit_service.model import DitModel
+from dit_service.settings import DitSettings
+from shared.capabilities import DiffusionDefaults, DiffusionLimits, DitCapabilities, DitCapacity
+
+FALLBACK_SIZE = "256x256"
+FALLBACK_STEPS = 8
+FALLBACK_GUIDANCE_SCALE = 1.0
+
+
+def dit_capabilities(settings: DitSettings, model: DitModel) -> DitCapabilities:
+    """Raises ``ValueError`` if the configured defaults are outside the limits (a load failure)."""
+    facts, card = model.facts, model.card
+    size = settings.default_size or card.default_size or FALLBACK_SIZE
+    width, _, height = size.partition("x")
+    capabilities = DitCapabilities(
+        model=settings.model_dir.name,
+        description=card.description or f"a diffusers QwenImagePipeline loaded from {settings.model_dir.name}",
+        hidden_size=facts.joint_attention_dim,
+        conditioning=ConditioningAdapters.names(),
+        limits=DiffusionLimits(
+            size_multiple=facts.size_multiple,
+            max_pixels=settings.max_pixels,
+            min_inference_steps=facts.min_inference_steps,
+            max_inference_steps=settings.max_inference_steps,
+            max_guidance_scale=settings.max_guidance_scale,
+            max_images=settings.max_images_per_handoff,
+            max_conditioning_rows=settings.max_sequence_length,
+            output_formats=[f for f in ("png", "jpeg", "webp") if ImageEncoder.supports(f)],
+        ),
+        defaults=DiffusionDefaults(
+            width=int(width),
+            height=int(height),
+            num_inference_steps=settings.default_num_inference_steps
+            or card.default_num_inference_steps
+            or FALLBACK_STEPS,
+            guidance_scale=_first_set(settings.default_guidance_scale, card.default_guidance_scale),
+        ),
+        capacity=DitCapacity(
+            max_concurrent_handoffs=settings.max_concurrent_handoffs,
+            max_pipeline_runs=settings.max_pipeline_runs,
+            pipeline_queue_size=settings.pipeline_queue_size,
+        ),
+    )
+    _check_defaults(capabilities.defaults, capabilities.limits)
+    return capabilities
+
+
+def _check_defaults(defaults: DiffusionDefaults, limits: DiffusionLimits) -> None:
+    multiple = limits.size_multiple
+    if defaults.width % multiple or defaults.height % multiple or defaults.width * defaults.height > limits.max_pixels:
+        raise ValueError(
+            f"default size {defaults.width}x{defaults.height} is not a multiple of {multiple} within "
+            f"{limits.max_pixels} pixels"
+        )
+    if not limits.min_inference_steps <= defaults.num_inference_steps <= limits.max_inference_steps:
+        raise ValueError(f"default steps {defaults.num_inference_steps} outside the model's limits")
+    if defaults.guidance_scale > limits.max_guidance_scale:
+        raise ValueError(f"default guidance_scale {defaults.guidance_scale} over {limits.max_guidance_scale}")
+
+
+def _first_set(*values: float | None) -> float:
+    return next((v for v in values if v is not None), FALLBACK_GUIDANCE_SCALE)

@@ -1,0 +1,17 @@
+"""Running a service's app under uvicorn until it stops: 0 when asked to, ``EXIT_CODE`` when fatal."""
+
+from __future__ import annotations
+
+import uvicorn
+from fastapi import FastAPI
+
+from services.fatal import EXIT_CODE, Fatal
+
+
+def serve(app: FastAPI, fatal: Fatal, host: str, port: int, graceful_shutdown_seconds: int = 10) -> int:
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=host, port=port, log_config=None, timeout_graceful_shutdown=graceful_shutdown_seconds)
+    )
+    fatal.on_trigger(lambda: setattr(server, "should_exit", True))
+    server.run()
+    return EXIT_CODE if fatal.reason is not None else 0

@@ -1,0 +1,77 @@
+"""What the AR learns from its DiT's /readyz: readiness, the announced capabilities, compatibility."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+
+from ar_service.dit_peer import DitPeer
+from tests.ar_service.api.test_serving import DIT
+
+
+def peer_answering(handler) -> DitPeer:
+    client = httpx.AsyncClient(base_url="http://dit", transport=httpx.MockTransport(handler))
+    return DitPeer(client, hidden_size=576, conditioning="qwen_image")
+
+
+def ready(capabilities: dict) -> httpx.Response:
+    return httpx.Response(200, json={"status": "ready", "reason": "ready", "capabilities": capabilities})
+
+
+def test_a_ready_dit_hands_over_its_capabilities():
+    state = asyncio.run(peer_answering(lambda _: ready(DIT.model_dump(mode="json"))).state())
+    assert state.ready and state.capabilities == DIT
+
+
+def test_a_dit_for_other_rows_is_not_ready_with_the_reason():
+    narrow = DIT.model_copy(update={"hidden_size": 1024}).model_dump(mode="json")
+    state = asyncio.run(peer_answering(lambda _: ready(narrow)).state())
+    assert not state.ready and "1024" in state.reason and state.capabilities is None
+    other = DIT.model_copy(update={"conditioning": ["ar_generated"]}).model_dump(mode="json")
+    assert not asyncio.run(peer_answering(lambda _: ready(other)).state()).ready
+
+
+def test_not_ready_unreachable_or_silent_dits_are_not_ready():
+    def unreachable(_):
+        raise httpx.ConnectError("refused")
+
+    for handler in (
+        lambda _: httpx.Response(503, json={"status": "not_ready", "reason": "loading model"}),
+        unreachable,
+        lambda _: httpx.Response(200, json={"status": "ready", "reason": "ready"}),
+    ):
+        assert not asyncio.run(peer_answering(handler).state()).ready
+
+
+def test_the_dit_is_asked_again_only_after_the_recheck_interval():
+    calls = []
+
+    def handler(request):
+        calls.append(request)
+        return ready(DIT.model_dump(mode="json"))
+
+    async def twice():
+        peer = peer_answering(handler)
+        await peer.state()
+        await peer.state()
+
+    asyncio.run(twice())
+    assert len(calls) == 1
+
+
+def test_after_a_failed_request_the_next_one_probes_again():
+    calls = []
+
+    def handler(request):
+        calls.append(request)
+        return ready(DIT.model_dump(mode="json"))
+
+    async def scenario():
+        peer = peer_answering(handler)
+        await peer.state()
+        peer.forget()
+        await peer.state()
+
+    asyncio.run(scenario())
+    assert len(calls) == 2

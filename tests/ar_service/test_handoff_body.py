@@ -1,0 +1,141 @@
+"""The handoff body on its own: frames in order, rows held or overlapped, engine failures, stats."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator
+
+import pytest
+import torch
+
+from ar_service.engine.hidden_state_engine import EngineEvent, FinishedEvent, RowsEvent
+from ar_service.handoff_body import HandoffBody
+from shared.frames import DiffusionParams, OpenFrame, StreamSpec
+from shared.handoff_assembler import AssembledHandoff, HandoffReceiver
+from shared.handoff_encoder import HandoffEncoder
+
+HIDDEN = 4
+
+
+def encoder(uncond: bool = False) -> HandoffEncoder:
+    streams = {"cond": StreamSpec(prompt_tokens=3, max_rows=3, prefix_tokens=1)}
+    if uncond:
+        streams["uncond"] = StreamSpec(prompt_tokens=2, max_rows=2, prefix_tokens=1)
+    return HandoffEncoder(
+        OpenFrame(
+            request_id="req_body",
+            model="m",
+            conditioning="qwen_image",
+            dtype="float32",
+            hidden_size=HIDDEN,
+            layer=1,
+            final_norm=True,
+            streams=streams,
+            diffusion=DiffusionParams(width=16, height=16, num_inference_steps=2, guidance_scale=1.0, seed=0),
+        )
+    )
+
+
+def finished(ids: list[int]) -> FinishedEvent:
+    return FinishedEvent(
+        token_ids=ids,
+        prompt_tokens=len(ids) - 1,
+        generated_token_ids=ids[-1:],
+        row_count=len(ids) - 1,
+        cached_tokens=0,
+        cache_creation_tokens=0,
+        submitted_at=1.0,
+        first_token_at=2.0,
+        finished_at=3.0,
+    )
+
+
+async def run_of(ids: list[int], pieces: list[int], fail: Exception | None = None) -> AsyncGenerator[EngineEvent, None]:
+    start = 0
+    rows = torch.arange(len(ids) - 1, dtype=torch.float32).unsqueeze(1).expand(-1, HIDDEN).contiguous()
+    for count in pieces:
+        yield RowsEvent(start=start, rows=rows[start : start + count], token_ids=ids[start : start + count])
+        start += count
+        await asyncio.sleep(0)
+    if fail is not None:
+        raise fail
+    yield finished(ids)
+
+
+async def collect(body: HandoffBody) -> list[list]:
+    async with body:
+        return [frame async for frame in body]
+
+
+def assemble(frames: list[list]) -> AssembledHandoff:
+    receiver = HandoffReceiver()
+    for frame in frames:
+        for buffer in frame:
+            receiver.feed(buffer)
+    return receiver.finish()
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_a_body_is_open_rows_close_and_assembles(overlap):
+    body = HandoffBody(encoder(), {"cond": run_of([5, 6, 7, 8], [2, 1])}, overlap=overlap, received_at=0.5)
+    frames = asyncio.run(collect(body))
+    cond = assemble(frames).streams["cond"]
+    assert cond.token_ids == [5, 6, 7, 8] and cond.rows[:, 0].tolist() == [0.0, 1.0, 2.0]
+    assert body.stats.frames_sent == len(frames) == 4 and body.stats.bytes_sent == sum(
+        memoryview(b).nbytes for f in frames for b in f
+    )
+    assert body.stats.last_row_at is not None
+    assert body.ar_timings().as_dict() == {"queue": 0.5, "ttft": 1.5, "decode": 1.0, "ar_total": 2.5}
+
+
+def test_both_streams_run_side_by_side_and_close_reports_both():
+    runs = {"cond": run_of([5, 6, 7, 8], [3]), "uncond": run_of([9, 10, 11], [2])}
+    body = HandoffBody(encoder(uncond=True), runs, overlap=True, received_at=0.0)
+    frames = asyncio.run(collect(body))
+    assert set(body.finished) == set(assemble(frames).streams) == {"cond", "uncond"}
+
+
+def test_without_overlap_no_rows_leave_before_the_last_row():
+    async def scenario():
+        body = HandoffBody(encoder(), {"cond": run_of([5, 6, 7, 8], [1, 1, 1])}, overlap=False, received_at=0.0)
+        async with body:
+            iterator = aiter(body)
+            first = await anext(iterator)
+            assert body.stats.last_row_at is None
+            second = await anext(iterator)
+            assert body.stats.last_row_at is not None  # rows are sent only after the engine finished
+            return first, second
+
+    first, second = asyncio.run(scenario())
+    assert first and second
+
+
+def test_an_engine_failure_ends_the_body_with_it():
+    body = HandoffBody(
+        encoder(), {"cond": run_of([5, 6, 7, 8], [1], fail=RuntimeError("engine died"))}, overlap=True, received_at=0
+    )
+    with pytest.raises(RuntimeError, match="engine died"):
+        asyncio.run(collect(body))
+
+
+def test_leaving_the_body_early_closes_the_engine_runs():
+    started, closed = asyncio.Event(), asyncio.Event()
+
+    async def endless() -> AsyncGenerator[EngineEvent, None]:
+        started.set()
+        try:
+            while True:
+                await asyncio.sleep(0.01)
+                if False:  # pragma: no cover - an async generator that never yields
+                    yield
+        finally:
+            closed.set()
+
+    async def scenario():
+        body = HandoffBody(encoder(), {"cond": endless()}, overlap=True, received_at=0.0)
+        async with body:
+            await anext(aiter(body))  # the open frame
+            await started.wait()  # the engine run is under way; then the consumer goes away
+        return closed.is_set()
+
+    assert asyncio.run(scenario())

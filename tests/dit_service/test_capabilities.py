@@ -1,0 +1,51 @@
+"""What the DiT announces: its settings' limits, the model's own facts, defaults from settings or card."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from dit_service.capabilities import dit_capabilities
+from dit_service.model import ModelCard, ModelFacts
+from dit_service.settings import DitSettings
+
+FACTS = ModelFacts(
+    joint_attention_dim=576, size_multiple=16, min_inference_steps=2, dtype=torch.float32, device=torch.device("cpu")
+)
+
+
+def model(card: ModelCard | None = None):
+    return SimpleNamespace(facts=FACTS, card=card or ModelCard())
+
+
+def test_limits_come_from_settings_and_the_model():
+    caps = dit_capabilities(DitSettings(max_pixels=65536, max_sequence_length=77, pipeline_queue_size=2), model())
+    assert caps.hidden_size == 576 and caps.conditioning == ["qwen_image", "ar_generated"]
+    assert (caps.limits.size_multiple, caps.limits.min_inference_steps) == (16, 2)
+    assert (caps.limits.max_pixels, caps.limits.max_conditioning_rows) == (65536, 77)
+    assert caps.capacity.max_admitted == 1 + 2
+
+
+def test_defaults_follow_settings_then_the_model_card_then_the_fallback():
+    assert (dit_capabilities(DitSettings(), model()).defaults.width, 256) == (256, 256)
+    card = ModelCard(description="shapes", default_size="64x64", default_num_inference_steps=20)
+    caps = dit_capabilities(DitSettings(), model(card))
+    assert (caps.description, caps.defaults.width, caps.defaults.num_inference_steps) == ("shapes", 64, 20)
+    caps = dit_capabilities(DitSettings(default_size="32x48", default_guidance_scale=3.0), model(card))
+    assert (caps.defaults.width, caps.defaults.height, caps.defaults.guidance_scale) == (32, 48, 3.0)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        DitSettings(default_size="40x40"),
+        DitSettings(default_size="4096x4096"),
+        DitSettings(default_num_inference_steps=1),
+        DitSettings(default_guidance_scale=60.0),
+    ],
+)
+def test_defaults_the_limits_forbid_fail_the_load(settings):
+    with pytest.raises(ValueError):
+        dit_capabilities(settings, model())

@@ -1,0 +1,161 @@
+"""Faults recovered without a human, on `make run`'s own launcher and real processes.
+
+One launcher runs the pair at its default settings for the whole module; each test breaks one
+thing and checks the statuses on the way, how long recovery took, and that a normal request is
+served afterwards with nothing left in flight.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from tests.e2e.metrics_text import sample
+from tests.support.ports import free_port
+
+pytestmark = pytest.mark.slow
+
+READY_TIMEOUT = 600.0
+
+
+@dataclass
+class Pair:
+    launcher: subprocess.Popen[bytes]
+    ar_url: str
+    dit_url: str
+    log: Path
+
+    def service(self, module: str) -> psutil.Process:
+        for child in psutil.Process(self.launcher.pid).children():
+            if f"-m{module}" in "".join(child.cmdline()):
+                return child
+        raise LookupError(f"{module} is not running")
+
+    def generate(self, timeout: float = 120.0, **body) -> httpx.Response:
+        payload = {"prompt": "a blue circle", "size": "64x64", "num_inference_steps": 2, **body}
+        return httpx.post(f"{self.ar_url}/v1/images/generations", json=payload, timeout=timeout)
+
+
+def wait_for(condition, timeout: float, what: str) -> float:
+    started = time.monotonic()
+    while not condition():
+        assert time.monotonic() - started < timeout, f"{what}: not within {timeout:g} s"
+        time.sleep(0.1)
+    return time.monotonic() - started
+
+
+def ready(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def nothing_in_flight(pair: Pair) -> bool:
+    return not any(
+        (
+            sample(pair.ar_url, "ardit_ar_requests_in_flight"),
+            sample(pair.ar_url, "ardit_ar_handoffs_in_flight"),
+            sample(pair.dit_url, "ardit_dit_handoffs_in_flight"),
+            sample(pair.dit_url, "ardit_dit_pipeline_runs_in_flight"),
+        )
+    )
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory) -> Iterator[Pair]:
+    ar_port, dit_port = free_port(), free_port()
+    env = dict(os.environ, ARDIT_AR_PORT=str(ar_port), ARDIT_DIT_PORT=str(dit_port))
+    log = tmp_path_factory.mktemp("launcher") / "launcher.log"
+    with log.open("wb") as out:
+        launcher = subprocess.Popen([sys.executable, "-m", "services.launcher"], env=env, stdout=out, stderr=out)
+    pair = Pair(launcher, f"http://127.0.0.1:{ar_port}", f"http://127.0.0.1:{dit_port}", log)
+    try:
+        wait_for(lambda: ready(pair.ar_url), READY_TIMEOUT, "the pair is ready")
+        yield pair
+    finally:
+        if launcher.poll() is None:
+            launcher.send_signal(signal.SIGINT)
+            launcher.wait(60)
+
+
+def test_a_frozen_dit_fails_requests_in_seconds_and_serves_again_when_thawed(pair):
+    dit = pair.service("dit_service")
+    dit.suspend()  # SIGSTOP
+    try:
+        started = time.monotonic()
+        response = pair.generate()
+        failed_after = time.monotonic() - started
+    finally:
+        dit.resume()  # SIGCONT
+    assert response.status_code == 503, response.text
+    # The DiT's readiness probe times out (2 s) or the request's stall deadline (15 s) ends it.
+    assert failed_after < 20
+    thawed = wait_for(lambda: ready(pair.ar_url), 30, "ready after SIGCONT")
+    assert pair.generate().status_code == 200
+    wait_for(lambda: nothing_in_flight(pair), 10, "nothing in flight")
+    print(f"DiT frozen: the request failed after {failed_after:.1f} s; ready {thawed:.1f} s after SIGCONT")
+
+
+def test_a_dit_killed_mid_render_is_restarted_and_the_ar_serves_again_without_a_restart(pair):
+    ar_pid, dit = pair.service("ar_service").pid, pair.service("dit_service")
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        # Far more denoising than the kill takes to arrive.
+        pending = pool.submit(pair.generate, 300.0, size="512x512", num_inference_steps=100)
+        wait_for(lambda: sample(pair.dit_url, "ardit_dit_pipeline_runs_in_flight") == 1, 60, "the render started")
+        dit.send_signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        in_flight = pending.result(60)
+    assert in_flight.status_code == 503 and time.monotonic() - killed_at < 10
+    meanwhile = pair.generate()
+    assert meanwhile.status_code == 503 and meanwhile.json()["error"]["code"] == "not_ready"
+    recovered = wait_for(lambda: ready(pair.ar_url), 120, "ready again after the DiT restart")
+    assert pair.service("dit_service").pid != dit.pid and pair.service("ar_service").pid == ar_pid
+    assert pair.generate().status_code == 200
+    wait_for(lambda: nothing_in_flight(pair), 10, "nothing in flight")
+    print(f"DiT killed mid-render: the pair was ready again {recovered:.1f} s later")
+
+
+def test_a_dead_engine_is_noticed_the_ar_exits_and_comes_back(pair):
+    ar = pair.service("ar_service")
+    [core] = [p for p in ar.children(recursive=True) if "EngineCore" in p.name() + " ".join(p.cmdline())]
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(pair.generate, 120.0, max_new_tokens=200)  # decoding for many seconds
+        wait_for(lambda: sample(pair.ar_url, "ardit_ar_handoffs_in_flight") == 1, 60, "the request is decoding")
+        time.sleep(0.5)
+        core.send_signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        noticed = wait_for(lambda: not ready(pair.ar_url), 10, "readiness turns 503")
+        in_flight = pending.result(60)
+    assert noticed < 1.5
+    assert in_flight.status_code == 503 and in_flight.json()["error"]["code"] in ("engine_unavailable", "not_ready")
+    ar.wait(60)  # the AR exits on its own, non-zero (the launcher, its parent, logs the code)...
+    wait_for(lambda: "ar exited with code 3" in pair.log.read_text(), 10, "the launcher saw the AR exit with 3")
+    back = wait_for(lambda: ready(pair.ar_url), READY_TIMEOUT, "the restarted AR is ready")  # ...and is restarted
+    assert pair.service("ar_service").pid != ar.pid
+    assert pair.generate().status_code == 200
+    wait_for(lambda: nothing_in_flight(pair), 10, "nothing in flight")
+    print(
+        f"EngineCore killed: readiness 503 after {noticed:.2f} s, ready again {time.monotonic() - killed_at:.1f} s "
+        f"after the kill ({back:.1f} s after the AR exited)"
+    )
+
+
+def test_services_do_not_outlive_a_killed_launcher(pair):
+    services = [pair.service("ar_service"), pair.service("dit_service")]
+    everything = services + [c for s in services for c in s.children(recursive=True)]
+    pair.launcher.send_signal(signal.SIGKILL)
+    pair.launcher.wait(10)
+    _, alive = psutil.wait_procs(everything, timeout=60)
+    assert not alive, [p.pid for p in alive]
