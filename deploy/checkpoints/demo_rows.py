@@ -38,7 +38,7 @@ class PromptRows:
         return int(self.model.config.hidden_size)
 
     @torch.no_grad()
-    def rows(self, prompts: Sequence[str], batch_size: int = 64) -> list[torch.Tensor]:
+    def rows(self, prompts: Sequence[str], batch_size: int = 16) -> list[torch.Tensor]:
         """One float32 tensor [tokens after the template prefix, hidden] per prompt."""
         built = [self.builder.build(p) for p in prompts]
         shared = [i for i, b in enumerate(built) if b.token_ids[: b.prefix_tokens] == self.prefix_ids]

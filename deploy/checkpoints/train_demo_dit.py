@@ -77,7 +77,7 @@ VAE_CONFIG = {
     "temperal_downsample": [False, True, True],
     "dropout": 0.0,
 }
-VAE_STEPS = 5_000
+VAE_STEPS = 4_000
 VAE_BATCH = 16
 VAE_LR = 1e-3
 VAE_KL_WEIGHT = 1e-5
