@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from deploy.checkpoints.demo_rows import PromptRows
-from tests.ar_service.engine_runs import run_engine
+from tests.ar_service.engine.engine_runs import run_engine
 
 pytestmark = pytest.mark.slow
 
