@@ -87,6 +87,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=RESULTS / "prompt_following.json")
     args = ap.parse_args()
 
+    load_at_start = os.getloadavg()
     clean = judge_on_clean_pictures()
     print(f"judge on {clean['pictures']} clean pictures: {clean['accuracy']}", flush=True)
 
@@ -106,7 +107,12 @@ def main() -> int:
 
     report = {
         "command": "python -m benchmarks.prompt_following " + " ".join(sys.argv[1:]),
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "load_average_at_end": os.getloadavg()},
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "load_average_at_start": load_at_start,
+            "load_average_at_end": os.getloadavg(),
+        },
         "model": model,
         "num_inference_steps": args.steps,
         "guidance_scale": args.guidance_scale,

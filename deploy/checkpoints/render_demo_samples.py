@@ -6,7 +6,7 @@ with nearest-neighbour so its pixels stay visible, and captioned with the exact 
 for colour x shape pairs the model never saw in training.
 
     python -m deploy.checkpoints.render_demo_samples [--base-url http://127.0.0.1:8000/v1]
-        [--out deploy/checkpoints/ardit-demo/samples.png] [--steps 20]
+        [--out docs/demo_samples.png] [--steps 20]
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def main() -> int:
     ap.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
     ap.add_argument("--api-key", default="none")
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "ardit-demo" / "samples.png")
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[2] / "docs" / "demo_samples.png")
     args = ap.parse_args()
     client = OpenAI(base_url=args.base_url, api_key=args.api_key, max_retries=0, timeout=120)
     tiles = [(p, render(client, p, args.steps), False) for p in SEEN]
