@@ -77,7 +77,7 @@ VAE_CONFIG = {
     "temperal_downsample": [False, True, True],
     "dropout": 0.0,
 }
-VAE_STEPS = 4_000
+VAE_STEPS = 3_000
 VAE_BATCH = 16
 VAE_LR = 1e-3
 VAE_KL_WEIGHT = 1e-5
@@ -94,7 +94,7 @@ DIT_CONFIG = {
     "guidance_embeds": False,
     "axes_dims_rope": [8, 12, 12],
 }
-DIT_STEPS = 7_000
+DIT_STEPS = 5_000
 DIT_BATCH = 64
 DIT_LR = 1e-3
 DIT_EMA = 0.999
@@ -346,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     torch.set_num_threads(args.torch_threads)
+    load_at_start = os.getloadavg()
     out = args.out.expanduser().resolve()
     seconds: dict[str, float] = {}
     started = time.perf_counter()
@@ -401,7 +402,12 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python -m deploy.checkpoints.train_demo_dit " + " ".join(sys.argv[1:] if argv is None else argv),
         "seed": args.seed,
         "torch_threads": args.torch_threads,
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "load_average_at_end": os.getloadavg()},
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "load_average_at_start": load_at_start,
+            "load_average_at_end": os.getloadavg(),
+        },
         "versions": {"torch": torch.__version__, "diffusers": __import__("diffusers").__version__},
         "seconds": seconds,
         "data": {
