@@ -10,7 +10,7 @@ import torch
 
 from ar_service.engine.hidden_state_engine import EngineEvent, FinishedEvent, RowsEvent
 from ar_service.handoff_body import HandoffBody
-from shared.frames import DiffusionParams, OpenFrame, StreamSpec
+from shared.frames import DiffusionParams, OpenFrame, StreamName, StreamSpec
 from shared.handoff_assembler import AssembledHandoff, HandoffReceiver
 from shared.handoff_encoder import HandoffEncoder
 
@@ -18,7 +18,7 @@ HIDDEN = 4
 
 
 def encoder(uncond: bool = False) -> HandoffEncoder:
-    streams = {"cond": StreamSpec(prompt_tokens=3, max_rows=3, prefix_tokens=1)}
+    streams: dict[StreamName, StreamSpec] = {"cond": StreamSpec(prompt_tokens=3, max_rows=3, prefix_tokens=1)}
     if uncond:
         streams["uncond"] = StreamSpec(prompt_tokens=2, max_rows=2, prefix_tokens=1)
     return HandoffEncoder(

@@ -22,7 +22,7 @@ from dit_service.image_encoder import ImageEncoder
 from dit_service.latent_decoder import LatentDecoder
 from dit_service.metrics import DitMetrics
 from dit_service.pipeline_runner import PipelineRunner, RenderJob
-from shared.frames import CloseFrame, StreamTotals
+from shared.frames import CloseFrame, StreamName, StreamTotals
 from shared.handoff_assembler import AssembledHandoff, AssembledStream
 from shared.result_frames import ImageFrame
 from shared.tensor_codec import token_ids_to_bytes
@@ -54,7 +54,7 @@ def stream(
 
 
 def handoff(cond: AssembledStream, uncond: AssembledStream | None = None) -> AssembledHandoff:
-    streams = {"cond": cond} if uncond is None else {"cond": cond, "uncond": uncond}
+    streams: dict[StreamName, AssembledStream] = {"cond": cond} if uncond is None else {"cond": cond, "uncond": uncond}
     totals = {
         name: StreamTotals(
             rows=s.rows.shape[0],
