@@ -19,7 +19,7 @@ from ar_service.metrics import ArMetrics
 from dit_service.metrics import DitMetrics
 from tests.deploy.dashboard import load_builder
 from tests.deploy.prometheus_rules import rules
-from tests.readme_settings import README
+from tests.readme_settings import README, verbatim
 
 # How a family's samples are named in a scrape, by type.
 SCRAPED_NAME = {"counter": "{}_total", "gauge": "{}", "histogram": "{}", "info": "{}_info"}
@@ -39,6 +39,7 @@ def families(metrics: object) -> Iterator[MetricWrapperBase]:
 def metrics_table(metrics: object) -> str:
     rows = ["| family | type | labels | meaning |", "|---|---|---|---|"]
     for family in families(metrics):
+        assert family._type is not None, f"{family._name} is a metric class without a type"
         name = SCRAPED_NAME[family._type].format(family._name)
         labels = ", ".join(f"`{label}`" for label in family._labelnames) or "—"
         rows.append(f"| `{name}` | {family._type} | {labels} | {family._documentation} |")
@@ -84,7 +85,7 @@ def render(readme: str) -> str:
         if not pattern.search(readme):
             raise ValueError(f"README.md has no {begin} ... {end} block")
         text = f"{begin}\n{block()}\n{end}"
-        readme = pattern.sub(lambda _, text=text: text, readme)
+        readme = pattern.sub(verbatim(text), readme)
     return readme
 
 

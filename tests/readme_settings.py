@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic.fields import FieldInfo
@@ -19,6 +20,11 @@ from dit_service.settings import DitSettings
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 TABLES: dict[str, type[BaseSettings]] = {"ar": ArSettings, "dit": DitSettings}
+
+
+def verbatim(text: str) -> Callable[[re.Match[str]], str]:
+    """A ``re.sub`` replacement that inserts ``text`` as it is (a string replacement would expand its backslashes)."""
+    return lambda _: text
 
 
 def env_name(settings: type[BaseSettings], name: str, field: FieldInfo) -> str:
@@ -55,7 +61,7 @@ def render(readme: str) -> str:
         if not pattern.search(readme):
             raise ValueError(f"README.md has no {begin} ... {end} block")
         block = f"{begin}\n{table(settings)}\n{end}"
-        readme = pattern.sub(lambda _, block=block: block, readme)
+        readme = pattern.sub(verbatim(block), readme)
     return readme
 
 
