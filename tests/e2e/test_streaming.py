@@ -28,7 +28,8 @@ def client_for(stack: Stack, max_retries: int = 0, http_client: httpx.Client | N
         api_key=API_KEY,
         max_retries=max_retries,
         timeout=300,
-        http_client=http_client,
+        # openai accepts an httpx.Client as well as its own httpx2.Client, but annotates only the latter.
+        http_client=http_client,  # type: ignore[arg-type]
         _strict_response_validation=True,
     )
 
