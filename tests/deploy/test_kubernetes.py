@@ -61,7 +61,7 @@ def render(kustomization_dir: Path = KUSTOMIZE_DIR) -> list[dict]:
         if obj
     ]
     for generator in kustomization.get("secretGenerator", []):
-        data = {}
+        data: dict[str, str] = {}
         for name in generator["envs"]:
             data |= env_file(GENERATOR_ENV_STAND_INS[name])
         encoded = {key: base64.b64encode(value.encode()).decode() for key, value in data.items()}
@@ -169,7 +169,9 @@ def crd_schema(group: str, kind: str, version: str) -> dict:
     crd = yaml.safe_load(path.read_text())
     assert crd["spec"]["group"] == group and crd["spec"]["names"]["kind"] == kind
     (served,) = [v for v in crd["spec"]["versions"] if v["name"] == version and v["served"]]
-    return closed(served["schema"]["openAPIV3Schema"])
+    schema = closed(served["schema"]["openAPIV3Schema"])
+    assert isinstance(schema, dict)
+    return schema
 
 
 def custom_validation_errors(obj: dict) -> list[str]:

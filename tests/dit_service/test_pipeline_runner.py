@@ -18,7 +18,7 @@ from dit_service.image_encoder import ImageEncoder
 from dit_service.latent_decoder import LatentDecoder
 from dit_service.metrics import DitMetrics
 from dit_service.pipeline_runner import PipelineRunner, RenderCancelled, RenderJob
-from shared.result_frames import ImageFrame, PartialImageFrame, ProgressFrame
+from shared.result_frames import ImageFrame, PartialImageFrame, ProgressFrame, ResultFrame
 from tests.dit_service.handoff_requests import hidden_rows, params
 
 pytestmark = pytest.mark.slow
@@ -46,7 +46,7 @@ def conditioning(rows: int = 9, seed: int = 0, negative: bool = False) -> Condit
 
 def render(runner, job) -> list:
     """The previews and images a render emits (progress frames are left out)."""
-    frames = []
+    frames: list[ResultFrame] = []
     runner.render(job, frames.append, threading.Event())
     return [f for f in frames if not isinstance(f, ProgressFrame)]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Iterable
 
 import pytest
 import torch
@@ -45,7 +46,7 @@ def job(name: str, **overrides) -> RenderJob:
     return RenderJob(name, COND, params(**overrides))
 
 
-def schedule(jobs: list[RenderJob], max_batch: int, cancelled: set[str] = frozenset()):
+def schedule(jobs: list[RenderJob], max_batch: int, cancelled: Iterable[str] = frozenset()):
     recorder = Recorder()
 
     async def scenario():
@@ -54,7 +55,7 @@ def schedule(jobs: list[RenderJob], max_batch: int, cancelled: set[str] = frozen
             recorder,
             BatchView(recorder),
             asyncio.Semaphore(1),
-            metrics,  # type: ignore[arg-type]
+            metrics,
             max_batch_size=max_batch,
             window=0.02,
         )

@@ -6,6 +6,7 @@ import asyncio
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypedDict
 
 import httpx
 import pytest
@@ -20,6 +21,7 @@ from dit_service.render_scheduler import RenderScheduler
 from dit_service.result_stream import ResultStream
 from services.errors import ApiError
 from services.fatal import Fatal
+from shared.frames import OutputFormat
 from shared.result_frames import RESULT_MEDIA_TYPE, ImageFrame, PartialImageFrame, ResultReader
 from tests.dit_service.handoff_requests import (
     complete_handoff,
@@ -31,7 +33,17 @@ from tests.dit_service.handoff_requests import (
 )
 
 JOB = RenderJob("req_x", Conditioning(torch.zeros(1, 1, 4), torch.ones(1, 1, dtype=torch.long)), params())
-FRAME = {"request_id": "req_x", "image_index": 0, "output_format": "png"}
+
+
+class ImageFields(TypedDict):
+    """What a preview and the final image of JOB's first image share."""
+
+    request_id: str
+    image_index: int
+    output_format: OutputFormat
+
+
+FRAME: ImageFields = {"request_id": "req_x", "image_index": 0, "output_format": "png"}
 
 
 def result_stream(

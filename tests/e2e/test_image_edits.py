@@ -235,6 +235,7 @@ def refused(client, stack: Stack, **kwargs) -> dict:
         client.images.edit(prompt="x", **{"extra_body": FAST, **kwargs})
     assert work_done(stack) == before
     body = info.value.body
+    assert isinstance(body, dict)
     assert set(body) == {"message", "type", "param", "code"} and body["type"] == "invalid_request_error"
     return body
 

@@ -65,6 +65,7 @@ def ended(spans: InMemorySpanExporter, name: str, request_id: str, timeout: floa
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for span in spans.get_finished_spans():
+            assert span.attributes is not None
             if span.name == name and span.attributes.get("ardit.request_id") == request_id:
                 return span
         time.sleep(0.1)
@@ -81,6 +82,12 @@ def trace_of(spans: InMemorySpanExporter, request_id: str) -> list[ReadableSpan]
 def one(spans: list[ReadableSpan], name: str) -> ReadableSpan:
     [span] = [s for s in spans if s.name == name]
     return span
+
+
+def interval(span: ReadableSpan) -> tuple[int, int]:
+    """When an ended span started and ended (nanoseconds)."""
+    assert span.start_time is not None and span.end_time is not None, f"{span.name} has not ended"
+    return span.start_time, span.end_time
 
 
 def parent_of(span: ReadableSpan) -> int | None:
@@ -109,7 +116,8 @@ def test_one_request_is_one_trace_with_both_services_spans_in_order(stack, spans
 
     # Time order: each span inside its parent; the DiT's stages one after another.
     def inside(child: ReadableSpan, parent: ReadableSpan) -> bool:
-        return parent.start_time <= child.start_time and child.end_time <= parent.end_time
+        (child_start, child_end), (parent_start, parent_end) = interval(child), interval(parent)
+        return parent_start <= child_start and child_end <= parent_end
 
     assert inside(handoff, server) and inside(dit, handoff)
     receive, queue, denoise, vae_decode, encode = stages

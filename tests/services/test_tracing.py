@@ -8,7 +8,7 @@ from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 
 from services.tracing import (
     context_from_traceparent,
@@ -42,8 +42,11 @@ def env(monkeypatch):
     return set_env
 
 
-def exporters(provider: TracerProvider) -> list:
-    return [processor.span_exporter for processor in provider._active_span_processor._span_processors]
+def exporters(provider: TracerProvider) -> list[SpanExporter]:
+    processors = provider._active_span_processor._span_processors
+    batched = [processor for processor in processors if isinstance(processor, BatchSpanProcessor)]
+    assert len(batched) == len(processors), f"every span processor is a BatchSpanProcessor: {processors}"
+    return [processor.span_exporter for processor in batched]
 
 
 def test_off_without_any_otel_variable(env):
