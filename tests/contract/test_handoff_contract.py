@@ -108,6 +108,7 @@ def test_plain_decode_path_matches():
     frame, wire = encode_rows("r", "cond", 0, [1, 2, 3], rows)
     decoded = decode_frame(join(wire))
     assert decoded.frame == frame
+    assert decoded.rows is not None
     assert torch.equal(bits(decoded.rows), bits(rows))
 
 

@@ -113,6 +113,12 @@ class HandoffAnswer:
     frames: list[ResultFrame] = field(default_factory=list)
 
     @property
+    def refusal(self) -> dict:
+        """The error body of a refused handoff."""
+        assert self.error is not None, f"the handoff was not refused (status {self.status})"
+        return self.error
+
+    @property
     def images(self) -> list[ImageFrame]:
         return [f for f in self.frames if isinstance(f, ImageFrame)]
 

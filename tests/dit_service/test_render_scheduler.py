@@ -6,14 +6,16 @@ import asyncio
 import threading
 import time
 from collections.abc import Iterable
+from typing import cast
 
 import pytest
 import torch
 from prometheus_client import CollectorRegistry
 
+from dit_service.batch_runner import BatchRunner
 from dit_service.conditioning import Conditioning
 from dit_service.metrics import DitMetrics
-from dit_service.pipeline_runner import RenderCancelled, RenderJob, RenderTimings
+from dit_service.pipeline_runner import PipelineRunner, RenderCancelled, RenderJob, RenderTimings
 from dit_service.render_scheduler import RenderScheduler
 from tests.dit_service.handoff_requests import params
 
@@ -52,8 +54,8 @@ def schedule(jobs: list[RenderJob], max_batch: int, cancelled: Iterable[str] = f
     async def scenario():
         metrics = DitMetrics(CollectorRegistry())
         scheduler = RenderScheduler(
-            recorder,
-            BatchView(recorder),
+            cast(PipelineRunner, recorder),  # the fakes stand in for both runners
+            cast(BatchRunner, BatchView(recorder)),
             asyncio.Semaphore(1),
             metrics,
             max_batch_size=max_batch,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import AsyncGenerator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypedDict
 
@@ -22,7 +23,7 @@ from dit_service.result_stream import ResultStream
 from services.errors import ApiError
 from services.fatal import Fatal
 from shared.frames import OutputFormat
-from shared.result_frames import RESULT_MEDIA_TYPE, ImageFrame, PartialImageFrame, ResultReader
+from shared.result_frames import RESULT_MEDIA_TYPE, ImageFrame, PartialImageFrame, ResultFrame, ResultReader
 from tests.dit_service.handoff_requests import (
     complete_handoff,
     handoff_headers,
@@ -99,8 +100,9 @@ def collect(behaviour: str, fatal: Fatal | None = None, progress_interval: float
         response = stream.respond(JOB, admission.run_ticket(), time.monotonic(), handoff_seconds=0.5)
         assert response.media_type == RESULT_MEDIA_TYPE
         reader = ResultReader()
-        frames = []
+        frames: list[ResultFrame] = []
         async for chunk in response.body_iterator:
+            assert isinstance(chunk, bytes)
             frames += reader.feed(chunk)
         return frames
 
@@ -156,6 +158,7 @@ def test_a_consumer_that_goes_away_stops_the_run_and_capacity_returns_only_when_
         metrics = DitMetrics(CollectorRegistry())
         response = result_stream(runner, admission, metrics).respond(JOB, admission.run_ticket(), 0.0, 0.0)
         frames = response.body_iterator
+        assert isinstance(frames, AsyncGenerator)
         await anext(frames)  # the preview: the run is under way
         await frames.aclose()  # what a disconnect does to the response
         assert not runner.finished.is_set()
@@ -175,6 +178,7 @@ def test_a_response_that_never_streams_still_stops_its_run_and_returns_its_ticke
         runner = ScriptedRunner("wait_for_cancel")
         response = result_stream(runner, admission).respond(JOB, admission.run_ticket(), 0.0, 0.0)
         await asyncio.to_thread(runner.started.wait, 10)
+        assert response.background is not None
         await response.background()  # what Starlette runs when the client is gone before the first byte
         await wait_until(runner.finished)
         admission.run_ticket().release()
@@ -249,7 +253,7 @@ def test_disconnect_mid_run_interrupts_it_and_frees_the_pipeline(narrow_server):
         assert metric(url, "ardit_dit_pipeline_runs_in_flight") == 1
         # The only run slot is taken and nothing may queue: refused up front.
         busy = post_handoff(url, complete_handoff(hidden_rows(10)))
-        assert busy.status == 429 and busy.error["code"] == "pipeline_queue_full"
+        assert busy.status == 429 and busy.refusal["code"] == "pipeline_queue_full"
         assert busy.headers["retry-after"]
     deadline = time.monotonic() + 10
     while metric(url, "ardit_dit_pipeline_runs_in_flight") or not metric(
