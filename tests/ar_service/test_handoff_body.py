@@ -89,7 +89,10 @@ def test_a_body_is_open_rows_close_and_assembles(overlap):
 
 
 def test_both_streams_run_side_by_side_and_close_reports_both():
-    runs = {"cond": run_of([5, 6, 7, 8], [3]), "uncond": run_of([9, 10, 11], [2])}
+    runs: dict[StreamName, AsyncGenerator[EngineEvent, None]] = {
+        "cond": run_of([5, 6, 7, 8], [3]),
+        "uncond": run_of([9, 10, 11], [2]),
+    }
     body = HandoffBody(encoder(uncond=True), runs, overlap=True, received_at=0.0)
     frames = asyncio.run(collect(body))
     assert set(body.finished) == set(assemble(frames).streams) == {"cond", "uncond"}

@@ -245,7 +245,8 @@ def test_a_misspelt_core_field_fails_validation():
         probe["periodSecond"] = probe.pop("periodSeconds")
 
     broken = the("Deployment", "ardit-ar", mutated("Deployment", "ardit-ar", misspell))
-    assert "periodSecond" in core_validation_error(broken)
+    error = core_validation_error(broken)
+    assert error is not None and "periodSecond" in error
 
 
 def test_a_wrongly_typed_core_field_fails_validation():
@@ -253,7 +254,8 @@ def test_a_wrongly_typed_core_field_fails_validation():
         deployment["spec"]["replicas"] = "two"
 
     broken = the("Deployment", "ardit-dit", mutated("Deployment", "ardit-dit", stringify))
-    assert "'two' is not of type 'integer'" in core_validation_error(broken)
+    error = core_validation_error(broken)
+    assert error is not None and "'two' is not of type 'integer'" in error
 
 
 @pytest.mark.parametrize(
@@ -506,7 +508,9 @@ def test_each_tier_scales_on_its_queue_as_the_service_monitor_labels_it(name, me
     for trigger in scaled["spec"]["triggers"]:
         assert trigger["type"] == "prometheus"
         query = trigger["metadata"]["query"]
-        (metric, labels) = re.fullmatch(r"sum\(([\w:]+)\{(.*)\}\)", query).groups()
+        parsed = re.fullmatch(r"sum\(([\w:]+)\{(.*)\}\)", query)
+        assert parsed is not None, query
+        (metric, labels) = parsed.groups()
         selector = dict(re.findall(r'(\w+)="([^"]*)"', labels))
         assert selector["namespace"] == NAMESPACE and selector["service"] in scraped
         pods = pods_selected(the("Service", selector["service"])["spec"]["selector"])

@@ -71,22 +71,28 @@ def test_the_standard_variables_choose_the_exporters(env, variables, names):
     assert exporter_names() == names
 
 
+def tracing_on(service: str) -> TracerProvider:
+    provider = tracer_provider_from_env(service)
+    assert provider is not None, "tracing is off"
+    return provider
+
+
 def test_otlp_is_grpc_unless_the_protocol_says_http(env):
     env(OTEL_EXPORTER_OTLP_ENDPOINT="http://collector:4317")
-    [exporter] = exporters(tracer_provider_from_env("ar"))
+    [exporter] = exporters(tracing_on("ar"))
     assert isinstance(exporter, GrpcExporter)
     env(OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf")
-    [exporter] = exporters(tracer_provider_from_env("ar"))
+    [exporter] = exporters(tracing_on("ar"))
     assert isinstance(exporter, HttpExporter)
 
 
 def test_console_exporter_and_service_name(env):
     env(OTEL_TRACES_EXPORTER="console")
-    provider = tracer_provider_from_env("dit")
+    provider = tracing_on("dit")
     assert [type(e) for e in exporters(provider)] == [ConsoleSpanExporter]
     assert provider.resource.attributes["service.name"] == "ardit-dit"
     env(OTEL_SERVICE_NAME="dit-eu-1")
-    assert tracer_provider_from_env("dit").resource.attributes["service.name"] == "dit-eu-1"
+    assert tracing_on("dit").resource.attributes["service.name"] == "dit-eu-1"
 
 
 def test_an_unknown_exporter_or_protocol_is_an_error_not_silence(env):

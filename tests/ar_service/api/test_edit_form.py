@@ -164,8 +164,9 @@ def test_an_image_sent_as_text_is_refused():
 
 
 def test_a_repeated_field_is_refused():
-    files = [("prompt", (None, "x")), ("n", (None, "1")), ("n", (None, "2")), ("image", PNG)]
-    response = TestClient(app()).post("/v1/images/edits", files=files)
+    response = TestClient(app()).post(
+        "/v1/images/edits", files=[("prompt", (None, "x")), ("n", (None, "1")), ("n", (None, "2")), ("image", PNG)]
+    )
     assert response.status_code == 400 and response.json()["error"]["param"] == "n"
 
 
