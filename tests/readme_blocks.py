@@ -14,6 +14,11 @@ from pathlib import Path
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
+def verbatim(text: str) -> Callable[[re.Match[str]], str]:
+    """A ``re.sub`` replacement that inserts ``text`` as it is (a string replacement would expand its backslashes)."""
+    return lambda _: text
+
+
 def render(readme: str, blocks: Mapping[str, Callable[[], str]]) -> str:
     """``readme`` with each block's text replaced by what its generator returns now."""
     for key, block in blocks.items():
@@ -22,7 +27,7 @@ def render(readme: str, blocks: Mapping[str, Callable[[], str]]) -> str:
         if not pattern.search(readme):
             raise ValueError(f"README.md has no {begin} ... {end} block")
         text = f"{begin}\n{block()}\n{end}"
-        readme = pattern.sub(lambda _, text=text: text, readme)
+        readme = pattern.sub(verbatim(text), readme)
     return readme
 
 

@@ -37,6 +37,7 @@ def families(metrics: object) -> Iterator[MetricWrapperBase]:
 def metrics_table(metrics: object) -> str:
     rows = ["| family | type | labels | meaning |", "|---|---|---|---|"]
     for family in families(metrics):
+        assert family._type is not None, f"{family._name} is a metric class without a type"
         name = SCRAPED_NAME[family._type].format(family._name)
         labels = ", ".join(f"`{label}`" for label in family._labelnames) or "—"
         rows.append(f"| `{name}` | {family._type} | {labels} | {family._documentation} |")

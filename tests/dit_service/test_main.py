@@ -40,6 +40,7 @@ def dit_process(checkpoint: Path, **environment: str) -> Iterator[tuple[str, sub
     process = subprocess.Popen(
         [sys.executable, "-m", "dit_service"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
+    assert process.stdout is not None
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
