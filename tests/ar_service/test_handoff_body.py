@@ -10,7 +10,7 @@ import torch
 
 from ar_service.engine.hidden_state_engine import EngineEvent, FinishedEvent, RowsEvent
 from ar_service.handoff_body import HandoffBody
-from shared.frames import DiffusionParams, OpenFrame, StreamSpec
+from shared.frames import DiffusionParams, OpenFrame, StreamName, StreamSpec
 from shared.handoff_assembler import AssembledHandoff, HandoffReceiver
 from shared.handoff_encoder import HandoffEncoder
 
@@ -18,7 +18,7 @@ HIDDEN = 4
 
 
 def encoder(uncond: bool = False) -> HandoffEncoder:
-    streams = {"cond": StreamSpec(prompt_tokens=3, max_rows=3, prefix_tokens=1)}
+    streams: dict[StreamName, StreamSpec] = {"cond": StreamSpec(prompt_tokens=3, max_rows=3, prefix_tokens=1)}
     if uncond:
         streams["uncond"] = StreamSpec(prompt_tokens=2, max_rows=2, prefix_tokens=1)
     return HandoffEncoder(
@@ -89,7 +89,10 @@ def test_a_body_is_open_rows_close_and_assembles(overlap):
 
 
 def test_both_streams_run_side_by_side_and_close_reports_both():
-    runs = {"cond": run_of([5, 6, 7, 8], [3]), "uncond": run_of([9, 10, 11], [2])}
+    runs: dict[StreamName, AsyncGenerator[EngineEvent, None]] = {
+        "cond": run_of([5, 6, 7, 8], [3]),
+        "uncond": run_of([9, 10, 11], [2]),
+    }
     body = HandoffBody(encoder(uncond=True), runs, overlap=True, received_at=0.0)
     frames = asyncio.run(collect(body))
     assert set(body.finished) == set(assemble(frames).streams) == {"cond", "uncond"}
