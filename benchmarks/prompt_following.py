@@ -68,10 +68,11 @@ def benchmark_prompts(seen: int, held_out: int) -> list[tuple[str, demo_scenes.A
 
 
 def render(client: OpenAI, prompt: str, seed: int, steps: int, guidance_scale: float | None) -> Image.Image:
-    extra = {"seed": seed, "num_inference_steps": steps}
+    extra: dict[str, float] = {"seed": seed, "num_inference_steps": steps}
     if guidance_scale is not None:
         extra["guidance_scale"] = guidance_scale
     result = client.images.generate(model="ardit", prompt=prompt, size="64x64", extra_body=extra)
+    assert result.data and result.data[0].b64_json is not None
     return Image.open(io.BytesIO(base64.b64decode(result.data[0].b64_json))).convert("RGB")
 
 

@@ -14,20 +14,24 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from diffusers import AutoencoderKLQwenImage
+
+# From its own module: to a type checker diffusers' top-level AutoencoderKLQwenImage is a no-torch placeholder.
 from diffusers.models.autoencoders.autoencoder_kl_qwenimage import (
+    AutoencoderKLQwenImage,
     QwenImageAttentionBlock,
     QwenImageCausalConv3d,
     QwenImageMidBlock,
     QwenImageResample,
     QwenImageResidualBlock,
     QwenImageRMS_norm,
+    QwenImageUpBlock,
 )
 
 
 def conv(layer: QwenImageCausalConv3d, x: torch.Tensor) -> torch.Tensor:
     # _padding is (w, w, h, h, time-front, time-back); only the last time tap sees the frame.
-    return F.conv2d(x, layer.weight[:, :, -1], layer.bias, padding=(layer._padding[2], layer._padding[0]))
+    height, width = int(layer._padding[2]), int(layer._padding[0])
+    return F.conv2d(x, layer.weight[:, :, -1], layer.bias, padding=(height, width))
 
 
 def rms_norm(norm: QwenImageRMS_norm, x: torch.Tensor) -> torch.Tensor:
@@ -55,9 +59,9 @@ def layer_2d(layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     if isinstance(layer, QwenImageResample):
         return layer.resample(x)
     if isinstance(layer, QwenImageMidBlock):
-        x = residual(layer.resnets[0], x)
+        x = layer_2d(layer.resnets[0], x)
         for attn, resnet in zip(layer.attentions, layer.resnets[1:], strict=True):
-            x = residual(resnet, attention(attn, x))
+            x = layer_2d(resnet, layer_2d(attn, x))
         return x
     raise TypeError(f"no single-frame path for {type(layer).__name__}")
 
@@ -80,8 +84,9 @@ def decode(vae: AutoencoderKLQwenImage, latents: torch.Tensor) -> torch.Tensor:
     x = conv(decoder.conv_in, conv(vae.post_quant_conv, latents))
     x = layer_2d(decoder.mid_block, x)
     for block in decoder.up_blocks:
+        assert isinstance(block, QwenImageUpBlock)
         for resnet in block.resnets:
-            x = residual(resnet, x)
+            x = layer_2d(resnet, x)
         if block.upsamplers is not None:
-            x = block.upsamplers[0].resample(x)
+            x = layer_2d(block.upsamplers[0], x)
     return conv(decoder.conv_out, decoder.nonlinearity(rms_norm(decoder.norm_out, x)))

@@ -46,6 +46,7 @@ def render(client: OpenAI, prompt: str, steps: int) -> Image.Image:
     result = client.images.generate(
         model="ardit", prompt=prompt, size="64x64", extra_body={"seed": 0, "num_inference_steps": steps}
     )
+    assert result.data and result.data[0].b64_json is not None
     return Image.open(io.BytesIO(base64.b64decode(result.data[0].b64_json))).convert("RGB")
 
 

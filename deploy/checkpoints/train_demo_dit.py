@@ -49,13 +49,13 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from diffusers import (
-    AutoencoderKLQwenImage,
-    FlowMatchEulerDiscreteScheduler,
-    QwenImagePipeline,
-    QwenImageTransformer2DModel,
-)
-from diffusers.pipelines.qwenimage.pipeline_qwenimage import calculate_shift
+
+# From their own modules: to a type checker diffusers' top-level model, pipeline and scheduler names are its
+# no-torch placeholder classes.
+from diffusers.models.autoencoders.autoencoder_kl_qwenimage import AutoencoderKLQwenImage
+from diffusers.models.transformers.transformer_qwenimage import QwenImageTransformer2DModel
+from diffusers.pipelines.qwenimage.pipeline_qwenimage import QwenImagePipeline, calculate_shift
+from diffusers.schedulers.scheduling_flow_match_euler_discrete import FlowMatchEulerDiscreteScheduler
 
 from ar_service.settings import ArSettings
 from deploy.checkpoints import demo_scenes, qwen_vae_2d
@@ -68,9 +68,10 @@ WORDINGS_PER_COMBINATION = 6
 NULL_PROMPT = ArSettings().default_negative_prompt
 NULL_PROMPT_RATE = 0.1
 
+VAE_Z_DIM = 8
 VAE_CONFIG = {
     "base_dim": 16,
-    "z_dim": 8,
+    "z_dim": VAE_Z_DIM,
     "dim_mult": [1, 1, 1, 1],
     "num_res_blocks": 0,
     "attn_scales": [],
@@ -86,8 +87,8 @@ PSNR_IMAGES = 512
 
 DIT_CONFIG = {
     "patch_size": 2,
-    "in_channels": 4 * VAE_CONFIG["z_dim"],  # 2x2 latent patches packed into channels
-    "out_channels": VAE_CONFIG["z_dim"],
+    "in_channels": 4 * VAE_Z_DIM,  # 2x2 latent patches packed into channels
+    "out_channels": VAE_Z_DIM,
     "num_layers": 4,
     "attention_head_dim": 32,
     "num_attention_heads": 4,
@@ -147,20 +148,25 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
 def kaiming_init(vae: AutoencoderKLQwenImage) -> None:
     """He init of every convolution's single-frame taps; the small posterior std comes from quant_conv's bias."""
     for module in vae.modules():
+        if not isinstance(module, torch.nn.Conv3d | torch.nn.Conv2d):
+            continue
+        bias = module.bias
+        assert bias is not None  # every convolution of this VAE has one
         if isinstance(module, torch.nn.Conv3d):
             taps = torch.empty_like(module.weight[:, :, -1])
             torch.nn.init.kaiming_normal_(taps, nonlinearity="relu")
             with torch.no_grad():
                 module.weight.zero_()
                 module.weight[:, :, -1] = taps
-                module.bias.zero_()
-        elif isinstance(module, torch.nn.Conv2d):
+                bias.zero_()
+        else:
             torch.nn.init.kaiming_normal_(module.weight, nonlinearity="relu")
-            torch.nn.init.zeros_(module.bias)
-    z_dim = vae.config.z_dim
+            torch.nn.init.zeros_(bias)
+    quant_bias = vae.quant_conv.bias
+    assert quant_bias is not None
     with torch.no_grad():
-        vae.quant_conv.weight[z_dim:] = 0.0
-        vae.quant_conv.bias[z_dim:] = VAE_INITIAL_LOGVAR
+        vae.quant_conv.weight[VAE_Z_DIM:] = 0.0
+        quant_bias[VAE_Z_DIM:] = VAE_INITIAL_LOGVAR
 
 
 def train_vae(scenes: Scenes, seed: int, steps: int) -> tuple[AutoencoderKLQwenImage, list[float]]:
@@ -390,8 +396,9 @@ def main(argv: list[str] | None = None) -> int:
     pipeline = QwenImagePipeline(
         scheduler=FlowMatchEulerDiscreteScheduler(**SCHEDULER_CONFIG),
         vae=vae,
-        text_encoder=None,
-        tokenizer=None,
+        # diffusers annotates text_encoder/tokenizer as required, but None is how a pipeline is saved without them.
+        text_encoder=None,  # type: ignore[arg-type]
+        tokenizer=None,  # type: ignore[arg-type]
         transformer=transformer,
     )
     pipeline.save_pretrained(str(out), safe_serialization=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from diffusers import AutoencoderKLQwenImage
+from diffusers.models.autoencoders.autoencoder_kl_qwenimage import AutoencoderKLQwenImage
 
 from deploy.checkpoints import qwen_vae_2d
 
