@@ -29,7 +29,7 @@ from shared.handoff_encoder import HandoffEncoder
 class HandoffStats:
     bytes_sent: int = 0
     frames_sent: int = 0
-    last_row_at: float | None = None  # perf_counter when the AR produced its last row
+    last_row_at: float | None = None  # perf_counter when the engine handed over its last rows
     acknowledged_at: float | None = None  # perf_counter when the DiT answered (handoff complete)
 
     @property
@@ -77,7 +77,8 @@ class HandoffBody:
         self._runs = runs
         self._overlap = overlap
         self._received_at = received_at
-        self._events: asyncio.Queue[tuple[StreamName, EngineEvent | BaseException]] = asyncio.Queue()
+        # Each event with the perf_counter it came out of the engine at.
+        self._events: asyncio.Queue[tuple[StreamName, EngineEvent | BaseException, float]] = asyncio.Queue()
         self._pumps: list[asyncio.Task[None]] = []
         self.finished: dict[StreamName, FinishedEvent] = {}
         self.stats = HandoffStats()
@@ -110,10 +111,12 @@ class HandoffBody:
         encoder = self._encoder
         yield self._counted(encoder.open_frame())
         held: list[tuple[StreamName, RowsEvent]] = []
+        last_row_at = 0.0
         while len(self.finished) < len(self._runs):
-            name, event = await self._events.get()
+            name, event, arrived_at = await self._events.get()
             if isinstance(event, BaseException):
                 raise event
+            last_row_at = max(last_row_at, arrived_at)
             if isinstance(event, FinishedEvent):
                 self.finished[name] = event
             elif self._overlap:
@@ -121,8 +124,9 @@ class HandoffBody:
                     yield self._counted(frame)
             else:
                 held.append((name, event))
-        # The handoff tail starts here, whether rows already went out or are still held.
-        self.stats.last_row_at = time.perf_counter()
+        # The handoff tail starts when the engine was done with its last rows, whether they already
+        # went out, are still being written (all rows at once: encoder mode), or are held.
+        self.stats.last_row_at = last_row_at
         for name, event in held:
             for frame in encoder.row_frames(name, event.start, event.token_ids, event.rows):
                 yield self._counted(frame)
@@ -145,11 +149,11 @@ class HandoffBody:
     async def _pump(self, name: StreamName, run: AsyncGenerator[EngineEvent, None]) -> None:
         try:
             async for event in run:
-                await self._events.put((name, event))
+                await self._events.put((name, event, time.perf_counter()))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # handed to the body, which fails the handoff with it
-            await self._events.put((name, exc))
+            await self._events.put((name, exc, time.perf_counter()))
         finally:
             # Leaving the run early (cancelled) closes it, which aborts its engine request.
             with contextlib.suppress(Exception):

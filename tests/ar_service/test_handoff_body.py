@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncGenerator
 
 import pytest
@@ -139,3 +140,28 @@ def test_leaving_the_body_early_closes_the_engine_runs():
         return closed.is_set()
 
     assert asyncio.run(scenario())
+
+
+def test_the_tail_starts_when_the_last_rows_come_out_of_the_engine_not_when_they_are_sent():
+    """All rows at once (encoder mode): writing them out is part of the handoff tail."""
+
+    async def scenario() -> tuple[float, float | None]:
+        engine_done = asyncio.Event()
+
+        async def run() -> AsyncGenerator[EngineEvent, None]:
+            async for event in run_of([5, 6, 7, 8], [1, 1, 1]):
+                yield event
+            engine_done.set()
+
+        body = HandoffBody(encoder(), {"cond": run()}, overlap=True, received_at=0.0)
+        async with body:
+            await engine_done.wait()  # the engine is done with every row before the first is sent
+            first_sent = None
+            async for _frame in body:
+                first_sent = first_sent or time.perf_counter()
+                await asyncio.sleep(0.02)  # a slow socket
+            assert first_sent is not None
+            return first_sent, body.stats.last_row_at
+
+    first_sent, last_row_at = asyncio.run(scenario())
+    assert last_row_at is not None and last_row_at < first_sent
