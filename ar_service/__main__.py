@@ -11,6 +11,7 @@ from ar_service.settings import ArSettings
 from services.fatal import Fatal
 from services.request_context import configure_logging
 from services.serve import serve
+from services.tracing import configure_tracing
 
 
 class ArCli(ArSettings, cli_parse_args=True, cli_prog_name="python -m ar_service"):
@@ -20,6 +21,7 @@ class ArCli(ArSettings, cli_parse_args=True, cli_prog_name="python -m ar_service
 def main() -> int:
     settings = CliApp.run(ArCli)
     configure_logging("ar", settings.log_level)
+    configure_tracing("ar")
     fatal = Fatal()
     return serve(create_ar_app(settings, fatal=fatal), fatal, settings.host, settings.port)
 

@@ -23,9 +23,8 @@ from ar_service import __version__
 from ar_service.admission import RequestAdmission
 from ar_service.api.router import build_router
 from ar_service.api.serving import ImageServing
-from ar_service.dit_peer import DitPeer
+from ar_service.dit_pool import DitPool
 from ar_service.engine.hidden_state_engine import EngineRequest, HiddenStateEngine
-from ar_service.handoff_client import HandoffClient
 from ar_service.image_generation import ImageGenerator
 from ar_service.image_store import ImageStore
 from ar_service.metrics import ArMetrics
@@ -52,6 +51,8 @@ class ArRuntime:
     generator: ImageGenerator
     readiness: ArReadiness
     metrics: ArMetrics
+    admission: RequestAdmission
+    serving: ImageServing
 
 
 # How often a running engine is checked for death; readiness turns 503 within this.
@@ -66,18 +67,35 @@ def create_ar_app(
     metrics = ArMetrics(registry)
     engine = HiddenStateEngine(settings)
     prompts = PromptBuilder.from_model_dir(settings.model_dir, settings.prompt_template)
-    # Reads and writes time out after the stall timeout: the DiT sends progress every denoising
-    # step (and while queued), so silence that long means it froze.
-    dit_http = httpx.AsyncClient(
-        base_url=settings.dit_url,
-        timeout=httpx.Timeout(settings.dit_stall_timeout_seconds, connect=settings.dit_connect_timeout_seconds),
-        limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
+
+    def dit_client(base_url: str) -> httpx.AsyncClient:
+        # Reads and writes time out after the stall timeout: the DiT sends progress while it works
+        # (queued or rendering), so silence that long means it froze.
+        return httpx.AsyncClient(
+            base_url=base_url,
+            timeout=httpx.Timeout(settings.dit_stall_timeout_seconds, connect=settings.dit_connect_timeout_seconds),
+            limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
+        )
+
+    dits = DitPool.from_setting(
+        settings.dit_url,
+        make_client=dit_client,
+        token=settings.handoff_token.get_secret_value() if settings.handoff_token else None,
+        deadline_seconds=settings.dit_timeout_seconds,
+        hidden_size=engine.shape.hidden_size,
+        conditioning=settings.conditioning,
     )
-    token = settings.handoff_token.get_secret_value() if settings.handoff_token else None
-    dit = HandoffClient(dit_http, token, settings.dit_timeout_seconds)
-    generator = ImageGenerator(settings, engine, prompts, dit, metrics)
-    readiness = ArReadiness(DitPeer(dit_http, hidden_size=engine.shape.hidden_size, conditioning=settings.conditioning))
-    runtime = ArRuntime(settings, engine, prompts, generator, readiness, metrics)
+    generator = ImageGenerator(settings, engine, prompts, dits, metrics)
+    readiness = ArReadiness(dits)
+    admission = RequestAdmission(settings.max_queued_requests, settings.max_queue_wait_seconds, metrics)
+    serving = ImageServing(
+        settings,
+        generator,
+        ImageStore(settings.image_store_size, settings.image_store_bytes, settings.image_ttl_seconds),
+        metrics,
+        readiness,
+    )
+    runtime = ArRuntime(settings, engine, prompts, generator, readiness, metrics, admission, serving)
     metrics.build_info.info(
         {
             "version": __version__,
@@ -97,6 +115,7 @@ def create_ar_app(
         """Start and warm the engine, then watch it: an engine that fails or dies is fatal."""
         try:
             await asyncio.to_thread(engine.start)
+            metrics.vllm.capture()
             # One tiny request runs the whole capture path once before traffic does.
             warm = EngineRequest(
                 engine_request_id=f"warmup:{secrets.token_hex(4)}", prompt_token_ids=prompts.build("warm up").token_ids
@@ -113,16 +132,23 @@ def create_ar_app(
             await asyncio.sleep(ENGINE_CHECK_SECONDS)
         engine_failed("the engine died")
 
+    async def resolve_dits() -> None:
+        """DiT replicas come and go with their DNS answer (a Kubernetes headless Service)."""
+        while True:
+            await dits.refresh()
+            await asyncio.sleep(settings.dit_resolve_seconds)
+
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        starting = asyncio.create_task(run_engine())
+        await dits.refresh()
+        background = [asyncio.create_task(run_engine()), asyncio.create_task(resolve_dits())]
         try:
             yield
         finally:
-            starting.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await starting
-            await dit_http.aclose()
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+            await dits.aclose()
             await asyncio.to_thread(engine.shutdown)
 
     api_keys = BearerAuth(
@@ -137,15 +163,22 @@ def create_ar_app(
             body_timeout=settings.request_body_timeout_seconds,
             open_paths=("/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/redoc"),
             own_auth_prefixes=("/admin/",),
+            on_refusal=metrics.app.count_error,
+            # A response_format=url link is a capability: its unguessable id is the credential.
+            open_get_prefixes=("/v1/images/",),
+            path_body_bytes={"/v1/images/edits": settings.max_edit_body_bytes},
         )
 
-    app = create_app("ardit AR service", lifespan=lifespan, readiness=readiness.probe, registry=registry, gate=gate)
+    app = create_app(
+        "ardit AR service",
+        lifespan=lifespan,
+        readiness=readiness.probe,
+        registry=registry,
+        app_metrics=metrics.app,
+        gate=gate,
+    )
     app.state.fatal = fatal
     app.state.runtime = runtime
-    admission = RequestAdmission(settings.max_queued_requests, settings.max_queue_wait_seconds, metrics)
-    serving = ImageServing(
-        settings, generator, ImageStore(settings.image_store_size, settings.image_ttl_seconds), metrics, readiness
-    )
     app.include_router(build_router(serving, admission))
 
     admin = BearerAuth(

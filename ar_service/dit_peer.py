@@ -45,6 +45,11 @@ class DitPeer:
             self._checked_at = now
         return self._state
 
+    @property
+    def last(self) -> PeerState:
+        """The state the last probe found (no new probe)."""
+        return self._state
+
     def forget(self) -> None:
         """A request just found the DiT unavailable: probe again before the next one trusts it."""
         self._checked_at = float("-inf")

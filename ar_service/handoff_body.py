@@ -1,8 +1,9 @@
 """One request's handoff body: ``open``, rows as the engine produces them, ``close``.
 
-A ``HandoffBody`` owns everything the body is made of: the engine runs of the request's streams
-(``cond``, and ``uncond`` with CFG) running side by side, the rows held back when the handoff is
-not overlapped with decoding, the finished events ``close`` reports, and the handoff's timing.
+A ``HandoffBody`` owns everything the body is made of: an edit's image (and mask), sent right
+after ``open``; the engine runs of the request's streams (``cond``, and ``uncond`` with CFG)
+running side by side, the rows held back when the handoff is not overlapped with decoding, the
+finished events ``close`` reports, and the handoff's timing.
 The handoff client only iterates it (frame by frame, each a list of wire buffers) and tells it
 when the DiT answered.
 
@@ -17,12 +18,15 @@ import contextlib
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass
-from types import TracebackType
+from types import MappingProxyType, TracebackType
 
 from ar_service.engine.hidden_state_engine import EngineEvent, FinishedEvent, RowsEvent
 from shared.frame_types import Buffer
-from shared.frames import StreamName
+from shared.frames import PixelRole, StreamName
 from shared.handoff_encoder import HandoffEncoder
+
+# A text-to-image handoff: no edit image.
+NO_PIXELS: Mapping[PixelRole, bytes] = MappingProxyType({})
 
 
 @dataclass
@@ -72,8 +76,10 @@ class HandoffBody:
         *,
         overlap: bool,
         received_at: float,
+        pixels: Mapping[PixelRole, bytes] = NO_PIXELS,
     ) -> None:
         self._encoder = encoder
+        self._pixels = pixels
         self._runs = runs
         self._overlap = overlap
         self._received_at = received_at
@@ -82,6 +88,10 @@ class HandoffBody:
         self._pumps: list[asyncio.Task[None]] = []
         self.finished: dict[StreamName, FinishedEvent] = {}
         self.stats = HandoffStats()
+        # Set once the body took the engine's first rows: from then on the handoff belongs to the
+        # DiT it is going to (it is never offered to another one). Before that, iterating the body
+        # again starts it over, with nothing lost.
+        self.rows_started = False
 
     async def __aenter__(self) -> HandoffBody:
         self._pumps = [
@@ -110,10 +120,13 @@ class HandoffBody:
     async def __aiter__(self) -> AsyncIterator[list[Buffer]]:
         encoder = self._encoder
         yield self._counted(encoder.open_frame())
+        for role, data in self._pixels.items():
+            yield self._counted(encoder.pixels(role, data))
         held: list[tuple[StreamName, RowsEvent]] = []
         last_row_at = 0.0
         while len(self.finished) < len(self._runs):
             name, event, arrived_at = await self._events.get()
+            self.rows_started = True
             if isinstance(event, BaseException):
                 raise event
             last_row_at = max(last_row_at, arrived_at)

@@ -39,13 +39,23 @@ class HandoffFailed(Exception):
 
 
 class DitUnavailable(HandoffFailed):
-    """The DiT cannot be reached, is not ready, or failed while rendering."""
+    """The DiT cannot be reached, is not ready, or failed while rendering.
+
+    ``refused``: it answered with an error status before any result, rather than failing mid-render.
+    """
 
     reason = "dit_unavailable"
 
-    def __init__(self, message: str, retry_after: str | None = None) -> None:
+    def __init__(self, message: str, retry_after: str | None = None, *, refused: bool = False) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+        self.refused = refused
+
+
+class DitUnreachable(DitUnavailable):
+    """No connection could be made: nothing of the handoff was sent."""
+
+    reason = "dit_unreachable"
 
 
 class DitBusy(HandoffFailed):
@@ -123,8 +133,10 @@ class HandoffClient:
                             if 400 <= frame.status < 500:
                                 raise DitRejected(frame.status, frame.message, frame.code, None)
                             raise DitUnavailable(f"DiT failed: {frame.message}")
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise DitUnreachable(f"DiT unreachable: {type(exc).__name__}") from None
         except (httpx.TransportError, httpx.TimeoutException) as exc:
-            raise DitUnavailable(f"DiT unreachable or timed out: {type(exc).__name__}") from None
+            raise DitUnavailable(f"DiT connection failed or timed out: {type(exc).__name__}") from None
         if done is None:
             raise DitUnavailable("DiT ended the result stream without finishing")
         return RenderResult(images, done)
@@ -146,5 +158,5 @@ def _error_from(response: httpx.Response) -> HandoffFailed:
     if response.status_code == 429:
         return DitBusy(message, retry_after)
     if response.status_code >= 500:
-        return DitUnavailable(message, retry_after)
+        return DitUnavailable(message, retry_after, refused=True)
     return DitRejected(response.status_code, message, error.get("code"), error.get("param"))

@@ -11,23 +11,53 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Protocol
+
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
 
 from ar_service.engine.hidden_state_engine import EngineRequest, HiddenStateEngine
 from ar_service.engine.row_channel import RowQueueOverflow
-from ar_service.handoff_body import HandoffBody
-from ar_service.handoff_client import HandoffClient, HandoffFailed, PartialImageSink, RenderResult
-from ar_service.metrics import ArMetrics
+from ar_service.handoff_body import NO_PIXELS, HandoffBody
+from ar_service.handoff_client import HandoffFailed, PartialImageSink, RenderResult
+from ar_service.input_images import EditPixels
+from ar_service.metrics import ROW_BUFFER_OVERFLOW, ArMetrics
 from ar_service.prompt_builder import BuiltPrompt, PromptBuilder
 from ar_service.settings import ArSettings
-from shared.frames import DiffusionParams, OpenFrame, StreamName, StreamSpec
+from services.tracing import current_traceparent
+from shared.frames import DiffusionParams, EditSpec, OpenFrame, PixelRole, StreamName, StreamSpec
 from shared.handoff_encoder import HandoffEncoder
 from shared.result_frames import ImageFrame
 from shared.tensor_codec import wire_dtype
 
 log = logging.getLogger("ardit.ar.generation")
+tracer = trace.get_tracer("ardit.ar")
 
 # The public parameter each stream's text comes from.
 _PUBLIC_PARAM: dict[StreamName, str] = {"cond": "prompt", "uncond": "negative_prompt"}
+
+
+class DitRenderer(Protocol):
+    """Where a handoff body goes: one DiT (``HandoffClient``) or a pool of them (``DitPool``)."""
+
+    async def render(
+        self, request_id: str, body: HandoffBody, on_partial_image: PartialImageSink | None = None
+    ) -> RenderResult: ...
+
+
+@dataclass(frozen=True)
+class EditInput:
+    """An edit: what the open frame announces, and the pixels that follow it."""
+
+    spec: EditSpec
+    pixels: EditPixels
+
+    @property
+    def frames(self) -> dict[PixelRole, bytes]:
+        frames: dict[PixelRole, bytes] = {"image": self.pixels.image}
+        if self.pixels.mask is not None:
+            frames["mask"] = self.pixels.mask
+        return frames
 
 
 @dataclass(frozen=True)
@@ -41,6 +71,7 @@ class GenerationRequest:
     max_new_tokens: int = 1
     cache_salt: str | None = None
     received_at: float = field(default_factory=time.perf_counter)
+    edit: EditInput | None = None
 
 
 @dataclass(frozen=True)
@@ -71,7 +102,7 @@ class ImageGenerator:
         settings: ArSettings,
         engine: HiddenStateEngine,
         prompts: PromptBuilder,
-        dit: HandoffClient,
+        dit: DitRenderer,
         metrics: ArMetrics,
     ) -> None:
         self._settings = settings
@@ -93,21 +124,39 @@ class ImageGenerator:
             )
             for name, prompt in prompts.items()
         }
-        encoder = HandoffEncoder(self._open_frame(request, prompts, engine_requests))
-        runs = {name: self._engine.run(r) for name, r in engine_requests.items()}
-        body = HandoffBody(encoder, runs, overlap=self._settings.overlap_handoff, received_at=request.received_at)
-        self._metrics.handoffs_in_flight.inc()
-        try:
-            async with body:
-                result = await self.dit.render(request.request_id, body, on_partial_image)
-        except (HandoffFailed, RowQueueOverflow) as exc:
-            reason = exc.reason if isinstance(exc, HandoffFailed) else "row_buffer_overflow"
-            log.warning("handoff failed (%s): %s", reason, exc)
-            self._metrics.handoff_failures.labels(reason=reason).inc()
-            raise
-        finally:
-            self._metrics.handoffs_in_flight.dec()
+        # The engine runs and the DiT's spans (through the open frame's traceparent) are its children.
+        with tracer.start_as_current_span(
+            "ardit.ar.handoff", kind=SpanKind.CLIENT, attributes={"ardit.request_id": request.request_id}
+        ) as span:
+            encoder = HandoffEncoder(self._open_frame(request, prompts, engine_requests))
+            runs = {name: self._engine.run(r) for name, r in engine_requests.items()}
+            body = HandoffBody(
+                encoder,
+                runs,
+                overlap=self._settings.overlap_handoff,
+                received_at=request.received_at,
+                pixels=request.edit.frames if request.edit is not None else NO_PIXELS,
+            )
+            self._metrics.handoffs_in_flight.inc()
+            try:
+                async with body:
+                    result = await self.dit.render(request.request_id, body, on_partial_image)
+            except (HandoffFailed, RowQueueOverflow) as exc:
+                reason = exc.reason if isinstance(exc, HandoffFailed) else ROW_BUFFER_OVERFLOW
+                log.warning("handoff failed (%s): %s", reason, exc)
+                self._metrics.handoff_failures.labels(reason=reason).inc()
+                span.set_attribute("ardit.handoff.failure_reason", reason)
+                raise
+            finally:
+                self._metrics.handoffs_in_flight.dec()
+            span.set_attributes(
+                {"ardit.handoff.sent_bytes": body.stats.bytes_sent, "ardit.handoff.sent_frames": body.stats.frames_sent}
+            )
         return self._result(request, body, result)
+
+    def prompt_token_ids(self, prompt: str) -> list[int]:
+        """The ids the engine gets for ``prompt`` (in the template): what its prefix cache holds."""
+        return self._prompts.build(prompt).token_ids
 
     def _prompts_of(self, request: GenerationRequest) -> dict[StreamName, BuiltPrompt]:
         texts: dict[StreamName, str] = {"cond": request.prompt}
@@ -154,6 +203,8 @@ class ImageGenerator:
                 for name, prompt in prompts.items()
             },
             diffusion=request.diffusion,
+            traceparent=current_traceparent(),
+            edit=request.edit.spec if request.edit is not None else None,
         )
 
     def _result(self, request: GenerationRequest, body: HandoffBody, result: RenderResult) -> GenerationResult:
@@ -166,8 +217,8 @@ class ImageGenerator:
         )
         ar = body.ar_timings()
         m = self._metrics
-        m.handoff_bytes_sent.inc(stats.bytes_sent)
-        m.handoff_frames_sent.inc(stats.frames_sent)
+        m.handoff_sent_bytes.inc(stats.bytes_sent)
+        m.handoff_sent_frames.inc(stats.frames_sent)
         if stats.handoff_latency is not None:
             m.handoff_latency_seconds.observe(stats.handoff_latency)
         m.prompt_tokens.inc(usage.prompt_tokens)

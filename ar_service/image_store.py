@@ -1,14 +1,18 @@
-"""Images kept for ``response_format=url``: bounded in count, expiring, served by the AR itself.
+"""Images kept for ``response_format=url``: expiring, bounded in count and in bytes, served by the AR.
 
-URLs name an opaque random id, never a server path; the oldest image is evicted when full.
+A URL names an unguessable random id (144 bits) and is a capability: whoever holds it may fetch
+the image without an API key (as with OpenAI's own image URLs). The store is cachetools' TTL
+cache sized in bytes (each image is charged its length), holding at most ``capacity`` images:
+when either bound is reached, the least recently used image goes first. An expired id is simply
+not found.
 """
 
 from __future__ import annotations
 
 import secrets
-import time
-from collections import OrderedDict
 from dataclasses import dataclass
+
+from cachetools import TTLCache
 
 MEDIA_TYPES = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp"}
 
@@ -17,36 +21,44 @@ MEDIA_TYPES = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp"}
 class StoredImage:
     data: bytes
     output_format: str
-    expires_at: float
 
     @property
     def media_type(self) -> str:
         return MEDIA_TYPES[self.output_format]
 
 
+class ImageTooLargeForStore(ValueError):
+    """One image is larger than the whole store."""
+
+
 class ImageStore:
-    def __init__(self, capacity: int, ttl_seconds: float) -> None:
+    def __init__(self, capacity: int, max_bytes: int, ttl_seconds: float) -> None:
+        self.max_bytes = max_bytes
         self._capacity = capacity
-        self._ttl = ttl_seconds
-        self._images: OrderedDict[str, StoredImage] = OrderedDict()
+        self._images: TTLCache[str, StoredImage] = TTLCache(
+            maxsize=max_bytes, ttl=ttl_seconds, getsizeof=lambda image: len(image.data)
+        )
 
     def put(self, data: bytes, output_format: str) -> str:
-        self._expire()
+        """Keep an image; its file name (id and extension) for the URL."""
+        if len(data) > self.max_bytes:
+            raise ImageTooLargeForStore(f"an image of {len(data)} bytes is over the store's {self.max_bytes}")
         image_id = f"img_{secrets.token_urlsafe(18)}"
-        self._images[image_id] = StoredImage(data, output_format, time.monotonic() + self._ttl)
-        while len(self._images) > self._capacity:
-            self._images.popitem(last=False)
+        self._images.expire()
+        while len(self._images) >= self._capacity:
+            self._images.popitem()
+        self._images[image_id] = StoredImage(data, output_format)
         return f"{image_id}.{output_format}"
 
     def get(self, name: str) -> StoredImage | None:
-        self._expire()
         image_id, _, _ = name.partition(".")
         return self._images.get(image_id)
 
     def __len__(self) -> int:
+        self._images.expire()
         return len(self._images)
 
-    def _expire(self) -> None:
-        now = time.monotonic()
-        while self._images and next(iter(self._images.values())).expires_at <= now:
-            self._images.popitem(last=False)
+    @property
+    def stored_bytes(self) -> int:
+        self._images.expire()
+        return int(self._images.currsize)

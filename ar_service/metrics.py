@@ -2,8 +2,11 @@
 
 vLLM's own engine families (``vllm:prefix_cache_queries``, ``vllm:prefix_cache_hits``,
 ``vllm:kv_cache_usage_perc``, ``vllm:time_to_first_token_seconds``, ...) live in
-prometheus_client's global registry; ``VllmFamilies`` re-exports them so one scrape of the AR
-service's ``/metrics`` has both.
+prometheus_client's global registry; ``VllmFamilies`` re-exports those of the running engine so one
+scrape of the AR service's ``/metrics`` has both.
+
+Labelled families whose label values are known up front start at zero for each value, so the
+first failure is an increase ``rate()`` and alerts can see, not a series appearing from nothing.
 """
 
 from __future__ import annotations
@@ -12,22 +15,56 @@ from collections.abc import Iterator
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
+from ar_service.handoff_client import HandoffFailed
+from services.app_metrics import AppMetrics
 from services.metrics import HANDOFF_BUCKETS, LATENCY_BUCKETS, TOKEN_BUCKETS
+
+# The reason a handoff failed: a HandoffFailed's ``reason``, or the AR's own row buffer overflowing.
+ROW_BUFFER_OVERFLOW = "row_buffer_overflow"
+
+
+def handoff_failure_reasons() -> list[str]:
+    kinds: list[type[HandoffFailed]] = [HandoffFailed]
+    for kind in kinds:
+        kinds.extend(kind.__subclasses__())
+    return sorted({kind.reason for kind in kinds} | {ROW_BUFFER_OVERFLOW})
 
 
 class VllmFamilies:
-    """Collector that yields the vLLM families from the global registry."""
+    """Collector of the vLLM families of this service's engine.
+
+    vLLM registers them in prometheus_client's global registry when its engine starts, and an engine
+    started later in the same process (a restart; in tests, a second engine) unregisters them for
+    its own. ``capture``, called once the engine is up, keeps that engine's collectors, so /metrics
+    shows the families the running engine updates.
+    """
+
+    def __init__(self) -> None:
+        self._collectors: list[Collector] = []
+
+    def capture(self) -> None:
+        # No public listing of a registry's collectors; vLLM's own unregister reads the same map.
+        registered = list(REGISTRY._collector_to_names)
+        self._collectors = [c for c in registered if getattr(c, "_name", "").startswith("vllm:")]
 
     def collect(self) -> Iterator[Metric]:
-        for family in REGISTRY.collect():
-            if family.name.startswith("vllm:"):
-                yield family
+        for collector in self._collectors:
+            yield from collector.collect()
 
 
 class ArMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.requests = Counter("ardit_ar_requests", "Image requests by final status.", ["status"], registry=registry)
+        self.app = AppMetrics(registry, "ar")
+        self.requests = Counter(
+            "ardit_ar_requests",
+            "Validated image requests by outcome (error: refused at admission or failed).",
+            ["status"],
+            registry=registry,
+        )
+        for status in ("ok", "error"):
+            self.requests.labels(status=status)
         self.requests_in_flight = Gauge("ardit_ar_requests_in_flight", "Requests being served.", registry=registry)
         self.requests_queued = Gauge("ardit_ar_requests_queued", "Requests waiting for a slot.", registry=registry)
         self.queue_wait_seconds = Histogram(
@@ -67,23 +104,32 @@ class ArMetrics:
         )
         self.request_seconds = Histogram(
             "ardit_ar_request_seconds",
-            "Whole request, received to answered.",
+            "Whole image request, received to answered.",
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
         self.handoff_latency_seconds = Histogram(
-            "ardit_handoff_latency_seconds",
+            "ardit_ar_handoff_latency_seconds",
             "AR's last row to the DiT holding the complete conditioning.",
             buckets=HANDOFF_BUCKETS,
             registry=registry,
         )
-        self.handoff_bytes_sent = Counter(
-            "ardit_handoff_bytes_sent", "Handoff bytes sent to the DiT.", registry=registry
+        self.handoff_sent_bytes = Counter(
+            "ardit_ar_handoff_sent_bytes", "Handoff bytes sent to the DiT.", registry=registry
         )
-        self.handoff_frames_sent = Counter("ardit_handoff_frames_sent", "Handoff frames sent.", registry=registry)
+        self.handoff_sent_frames = Counter(
+            "ardit_ar_handoff_sent_frames", "Handoff frames sent to the DiT.", registry=registry
+        )
         self.handoff_failures = Counter(
-            "ardit_handoff_failures", "Handoffs that failed, by reason.", ["reason"], registry=registry
+            "ardit_ar_handoff_failures", "Handoffs that failed, by reason.", ["reason"], registry=registry
         )
-        self.handoffs_in_flight = Gauge("ardit_handoffs_in_flight", "Handoffs being streamed.", registry=registry)
-        self.build_info = Info("ardit_ar_build", "Version, model, dtype, device, block size.", registry=registry)
-        registry.register(VllmFamilies())
+        for reason in handoff_failure_reasons():
+            self.handoff_failures.labels(reason=reason)
+        self.handoffs_in_flight = Gauge(
+            "ardit_ar_handoffs_in_flight", "Handoffs being streamed to the DiT.", registry=registry
+        )
+        self.build_info = Info(
+            "ardit_ar_build", "Version, model, dtype, device, conditioning, prefix caching.", registry=registry
+        )
+        self.vllm = VllmFamilies()
+        registry.register(self.vllm)

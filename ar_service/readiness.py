@@ -1,15 +1,15 @@
-"""Whether the AR can serve: its engine is up and warmed, and its DiT is ready and compatible.
+"""Whether the AR can serve: its engine is up and warmed, and a DiT replica is ready and compatible.
 
-One place answers both ``/readyz`` and the check every request makes before any work; the DiT's
-announced capabilities come with a ready answer, so a request is validated against the limits
-of the DiT it is about to use.
+One place answers both ``/readyz`` and the check every request makes before any work; the DiTs'
+announced capabilities and capacity come with a ready answer, so a request is validated against
+the limits of the DiTs it may go to and admitted against their room.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ar_service.dit_peer import DitPeer
+from ar_service.dit_pool import DitPool
 from services.app import Readiness
 from services.errors import ApiError
 from shared.capabilities import DitCapabilities
@@ -20,7 +20,7 @@ NOT_READY_RETRY_AFTER = "5"
 
 @dataclass
 class ArReadiness:
-    peer: DitPeer
+    dits: DitPool
     engine_ready: bool = False
     engine_error: str | None = None
 
@@ -29,18 +29,18 @@ class ArReadiness:
             return Readiness(False, f"engine failed: {self.engine_error}")
         if not self.engine_ready:
             return Readiness(False, "engine loading")
-        state = await self.peer.state()
+        state = await self.dits.state()
         return Readiness(state.ready, state.reason)
 
-    async def require(self) -> DitCapabilities:
-        """The DiT's capabilities if the pair can serve; a 503 ``not_ready`` otherwise."""
+    async def require(self) -> tuple[DitCapabilities, int]:
+        """What the ready DiTs can do and how many handoffs they hold; a 503 ``not_ready`` otherwise."""
         readiness = await self.probe()
-        capabilities = (await self.peer.state()).capabilities
-        if not readiness.ready or capabilities is None:
+        state = await self.dits.state()
+        if not readiness.ready or state.capabilities is None:
             raise ApiError(
                 503,
                 f"service not ready: {readiness.reason}",
                 code="not_ready",
                 headers={"Retry-After": NOT_READY_RETRY_AFTER},
             )
-        return capabilities
+        return state.capabilities, state.capacity

@@ -58,7 +58,9 @@ class ArSettings(BaseSettings):
     kv_events_publisher: Literal["off", "zmq"] = Field(
         "off", description="Publish vLLM's KV-cache events (BlockStored/BlockRemoved) for prefix-aware routers."
     )
-    kv_events_endpoint: str = Field("tcp://*:5557", description="ZMQ PUB endpoint of the KV-cache events.")
+    kv_events_endpoint: str = Field(
+        "tcp://*:5557", description="Where the AR publishes KV-cache events (tcp://*:PORT: routers dial the AR)."
+    )
     kv_events_topic: str = Field("", description="ZMQ topic of the KV-cache events (llm-d: kv@<pod ip>@<model>).")
 
     # --- prompts ---------------------------------------------------------------------------------
@@ -83,7 +85,13 @@ class ArSettings(BaseSettings):
         300.0, description="Longest wait for the next rows from the engine."
     )
     overlap_handoff: bool = Field(True, description="Send rows while decoding (off: after the AR finishes).")
-    dit_url: str = Field("http://127.0.0.1:8001", description="DiT service base URL.")
+    dit_url: str = Field(
+        "http://127.0.0.1:8001",
+        description="DiT base URL(s), comma-separated; a DNS name is expanded to all its IPv4 addresses.",
+    )
+    dit_resolve_seconds: Annotated[float, Field(gt=0)] = Field(
+        5.0, description="How often DiT host names are resolved again (replicas come and go)."
+    )
     handoff_token: SecretStr | None = Field(
         None,
         validation_alias="ARDIT_HANDOFF_TOKEN",
@@ -106,7 +114,14 @@ class ArSettings(BaseSettings):
         None, description="Enables /admin/* (prefix cache reset) with this bearer; unset or empty: no /admin/*."
     )
     max_request_body_bytes: Annotated[int, Field(gt=0)] = Field(
-        1 << 20, description="Largest request body; larger is a 413 before it is parsed."
+        1 << 20, description="Largest request body (edits: the next setting); larger is a 413 before it is parsed."
+    )
+    max_edit_body_bytes: Annotated[int, Field(gt=0)] = Field(
+        64 << 20,
+        description="Largest /v1/images/edits body (images, mask, fields); held in memory while it is read.",
+    )
+    max_edit_input_pixels: Annotated[int, Field(gt=0)] = Field(
+        4096 * 4096, description="Largest width*height of an uploaded image or mask, checked before decoding it."
     )
     request_body_timeout_seconds: Annotated[float, Field(gt=0)] = Field(
         10.0, description="A request body must arrive within this, or the answer is 408."
@@ -121,6 +136,9 @@ class ArSettings(BaseSettings):
         10.0, description="Keep-alive comment interval on event streams, so proxies do not cut a silent render."
     )
     image_store_size: Annotated[int, Field(ge=1)] = Field(256, description="Images kept for response_format=url.")
+    image_store_bytes: Annotated[int, Field(ge=1)] = Field(
+        256 << 20, description="Bytes of images kept for response_format=url (the oldest go first)."
+    )
     image_ttl_seconds: Annotated[float, Field(gt=0)] = Field(600.0, description="How long a url image lives.")
     public_base_url: str | None = Field(None, description="Base of returned image URLs (None: from the request).")
     log_level: str = Field("INFO", description="Root log level.")

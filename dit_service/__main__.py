@@ -11,11 +11,13 @@ from dit_service.settings import DitSettings
 from services.fatal import Fatal
 from services.request_context import configure_logging
 from services.serve import serve
+from services.tracing import configure_tracing
 
 
 def main() -> int:
     settings = DitSettings()
     configure_logging("dit", settings.log_level)
+    configure_tracing("dit")
     if settings.torch_threads is not None:
         torch.set_num_threads(settings.torch_threads)
     fatal = Fatal()

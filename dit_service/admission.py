@@ -15,7 +15,7 @@ import asyncio
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from services.errors import ApiError
+from services.errors import Overloaded
 
 
 class RunTicket:
@@ -61,5 +61,5 @@ class AdmissionControl:
         if self._tickets >= self._max_tickets:
             raise self._busy(f"the pipeline queue is full ({self._max_tickets} runs admitted)", "pipeline_queue_full")
 
-    def _busy(self, message: str, code: str) -> ApiError:
-        return ApiError(429, message, code=code, headers={"Retry-After": str(self._retry_after)})
+    def _busy(self, message: str, code: str) -> Overloaded:
+        return Overloaded(message, code=code, retry_after=self._retry_after)

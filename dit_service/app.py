@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
+import torch
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
@@ -13,6 +14,7 @@ from starlette.responses import StreamingResponse
 
 from dit_service import __version__
 from dit_service.admission import AdmissionControl
+from dit_service.batch_runner import BatchRunner
 from dit_service.capabilities import dit_capabilities
 from dit_service.conditioning import ConditioningAdapters, ConditioningOptions
 from dit_service.handoff_endpoint import HANDOFF_PATH, HandoffEndpoint, HandoffServices
@@ -24,6 +26,7 @@ from dit_service.model import DitModel
 from dit_service.model_state import ModelState
 from dit_service.open_frame_policy import OpenFramePolicy
 from dit_service.pipeline_runner import PipelineRunner
+from dit_service.render_scheduler import RenderScheduler
 from dit_service.result_stream import ResultStream
 from dit_service.settings import DitSettings
 from services.app import create_app
@@ -40,7 +43,8 @@ def create_dit_app(
 ) -> FastAPI:
     registry = registry if registry is not None else new_registry()
     fatal = fatal if fatal is not None else Fatal()
-    metrics = DitMetrics(registry)
+    metrics = DitMetrics(registry, cuda_device=torch.device(settings.device))
+    metrics.pipeline_queue_capacity.set(settings.pipeline_queue_size)
     metrics.build_info.info(
         {
             "version": __version__,
@@ -77,9 +81,16 @@ def create_dit_app(
             )
         )
         policy = OpenFramePolicy(capabilities, adapters, settings.expected_model, settings.expected_final_norm)
-        results = ResultStream(
+        scheduler = RenderScheduler(
             PipelineRunner(model, decoder, encoder, metrics),
+            BatchRunner(model, decoder, encoder, metrics),
             admission.run_slots,
+            metrics,
+            max_batch_size=settings.batch_max_size,
+            window=settings.batch_window_ms / 1000,
+        )
+        results = ResultStream(
+            scheduler,
             metrics,
             fatal,
             progress_interval=settings.progress_interval_seconds,
@@ -100,7 +111,15 @@ def create_dit_app(
             with contextlib.suppress(asyncio.CancelledError):
                 await loading
 
-    app = create_app("ardit DiT service", lifespan=lifespan, readiness=state.readiness, registry=registry)
+    # A handoff's trace context travels in its open frame (dit_service/handoff_trace.py), not in headers.
+    app = create_app(
+        "ardit DiT service",
+        lifespan=lifespan,
+        readiness=state.readiness,
+        registry=registry,
+        app_metrics=metrics.app,
+        untraced_paths=(HANDOFF_PATH,),
+    )
     app.state.fatal = fatal
     endpoint = HandoffEndpoint(
         handoff_auth(settings.handoff_token),

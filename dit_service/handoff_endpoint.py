@@ -18,7 +18,9 @@ from starlette.requests import ClientDisconnect
 
 from dit_service.admission import AdmissionControl
 from dit_service.conditioning import Conditioning, ConditioningAdapters
+from dit_service.edit_input import EditInput
 from dit_service.handoff_intake import HandoffIntake
+from dit_service.handoff_trace import HandoffTrace
 from dit_service.metrics import DitMetrics
 from dit_service.open_frame_policy import OpenFramePolicy
 from dit_service.pipeline_runner import RenderJob
@@ -71,6 +73,7 @@ class HandoffEndpoint:
             raise
 
     async def _handle(self, request: Request, started: float) -> Response:
+        first_byte_ns = time.time_ns()
         if not self._auth.enabled:
             # Fail closed: an unconfigured receiver must not accept hidden states from anyone.
             raise ApiError(
@@ -85,18 +88,27 @@ class HandoffEndpoint:
         services = self._services()
         with self._admission.handoff_slot():
             try:
-                frame, conditioning = await self._receive(request, services)
+                frame, conditioning, edit = await self._receive(request, services)
             except HandoffError as exc:
                 raise api_error_for(exc) from None
             except ClientDisconnect:
                 # Nobody is left to answer; the intake already released the rows and counted it.
                 return Response(status_code=499)
             ticket = self._admission.run_ticket()
-        job = RenderJob(request_id=frame.request_id, conditioning=conditioning, params=frame.diffusion)
+        job = RenderJob(
+            request_id=frame.request_id,
+            conditioning=conditioning,
+            params=frame.diffusion,
+            trace=HandoffTrace.received(frame, first_byte_ns),
+            edit=edit,
+        )
         return services.results.respond(job, ticket, started, handoff_seconds=time.monotonic() - started)
 
-    async def _receive(self, request: Request, services: HandoffServices) -> tuple[OpenFrame, Conditioning]:
+    async def _receive(
+        self, request: Request, services: HandoffServices
+    ) -> tuple[OpenFrame, Conditioning, EditInput | None]:
         # Kept in its own frame so no reference to the row buffer outlives the intake block.
         async with self._intake.receive(request.stream(), services.policy.check) as handoff:
             adapter = services.adapters.get(handoff.open.conditioning)
-            return handoff.open, adapter.select(handoff)
+            edit = EditInput.of(handoff.edit) if handoff.edit is not None else None
+            return handoff.open, adapter.select(handoff), edit

@@ -20,7 +20,7 @@ from prometheus_client import Gauge
 from starlette.requests import ClientDisconnect
 
 from dit_service.errors import HandoffDeadlineExceeded, HandoffStalled
-from dit_service.metrics import DitMetrics
+from dit_service.metrics import CLIENT_DISCONNECTED, DitMetrics
 from shared.errors import HandoffError
 from shared.frame_codec import FrameLimits
 from shared.frames import OpenFrame
@@ -95,8 +95,8 @@ class HandoffIntake:
                         receiver.feed(chunk)
                     finally:
                         account.set(receiver.assembler.allocated_bytes)
-                        metrics.handoff_bytes_received.inc(len(chunk))
-                        metrics.handoff_frames_received.inc(receiver.reader.frames - frames_before)
+                        metrics.handoff_received_bytes.inc(len(chunk))
+                        metrics.handoff_received_frames.inc(receiver.reader.frames - frames_before)
                     if not opened and receiver.assembler.open is not None:
                         opened = True
                         check_open(receiver.assembler.open)
@@ -105,7 +105,7 @@ class HandoffIntake:
             self._failed(exc.code, exc.message)
             raise
         except ClientDisconnect:
-            self._failed("client_disconnected", "the sender went away mid-handoff")
+            self._failed(CLIENT_DISCONNECTED, "the sender went away mid-handoff")
             raise
         finally:
             metrics.handoffs_in_flight.dec()

@@ -6,8 +6,6 @@ separately, skips the decode of an interrupted run, and decodes previews the sam
 
 from __future__ import annotations
 
-import threading
-
 import PIL.Image
 import torch
 from diffusers import QwenImagePipeline
@@ -26,9 +24,6 @@ class LatentDecoder:
         self._mean = torch.tensor(vae.config.latents_mean).view(shape).to(vae.device, vae.dtype)
         self._inverse_std = (1.0 / torch.tensor(vae.config.latents_std)).view(shape).to(vae.device, vae.dtype)
         self._processor = VaeImageProcessor(vae_scale_factor=model.vae_scale_factor * 2)
-        # AutoencoderKLQwenImage.decode keeps its causal-conv feature cache on the module itself
-        # (clear_cache/_feat_map), so two decodes at once on the shared VAE corrupt each other.
-        self._lock = threading.Lock()
 
     @torch.no_grad()
     def decode(self, packed: torch.Tensor, height: int, width: int) -> PIL.Image.Image:
@@ -36,6 +31,6 @@ class LatentDecoder:
         vae = self._model.vae
         latents = QwenImagePipeline._unpack_latents(packed, height, width, self._model.vae_scale_factor)
         latents = latents.to(device=vae.device, dtype=vae.dtype) / self._inverse_std + self._mean
-        with self._lock:
+        with self._model.vae_lock:
             pixels = vae.decode(latents, return_dict=False)[0][:, :, 0]
         return self._processor.postprocess(pixels, output_type="pil")[0]

@@ -1,22 +1,61 @@
-"""The DiT service's Prometheus families. Base units, low-cardinality labels, never request ids."""
+"""The DiT service's Prometheus families. Base units, low-cardinality labels, never request ids.
+
+Labelled families whose label values are known up front start at zero for each value, so the
+first failure is an increase ``rate()`` and alerts can see. The GPU memory gauges exist only when
+the pipeline runs on CUDA.
+"""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import get_args
+
+import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
-from services.metrics import LATENCY_BUCKETS
+import dit_service.errors  # noqa: F401  (defines the DiT's own HandoffError kinds, whose codes are reasons)
+from services.app_metrics import AppMetrics
+from services.metrics import LATENCY_BUCKETS, PIXEL_BUCKETS
+from shared.errors import HandoffError
+from shared.frames import OutputFormat
+
+# A sender that goes away mid-handoff is a failure of its own kind (no HandoffError says so).
+CLIENT_DISCONNECTED = "client_disconnected"
+PIPELINE_FAILURE_REASONS = ("error", CLIENT_DISCONNECTED)
+
+
+def handoff_failure_reasons() -> list[str]:
+    """Every HandoffError's code (DitRejection's included) and a sender that went away."""
+    kinds: list[type[HandoffError]] = [HandoffError]
+    for kind in kinds:
+        kinds.extend(kind.__subclasses__())
+    return sorted({kind.code for kind in kinds} | {CLIENT_DISCONNECTED})
+
+
+@asynccontextmanager
+async def waiting_for(slots: asyncio.Semaphore, waiting: Gauge) -> AsyncIterator[None]:
+    """Holds one of ``slots``; ``waiting`` counts the callers still waiting for theirs (cancelled ones leave)."""
+    with waiting.track_inprogress():
+        await slots.acquire()
+    try:
+        yield
+    finally:
+        slots.release()
 
 
 class DitMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, cuda_device: torch.device | None = None) -> None:
+        self.app = AppMetrics(registry, "dit")
         self.handoffs_in_flight = Gauge(
             "ardit_dit_handoffs_in_flight", "Handoffs whose frames are being received.", registry=registry
         )
-        self.handoff_bytes_received = Counter(
-            "ardit_dit_handoff_bytes_received", "Handoff body bytes received.", registry=registry
+        self.handoff_received_bytes = Counter(
+            "ardit_dit_handoff_received_bytes", "Handoff body bytes received.", registry=registry
         )
-        self.handoff_frames_received = Counter(
-            "ardit_dit_handoff_frames_received", "Handoff frames parsed.", registry=registry
+        self.handoff_received_frames = Counter(
+            "ardit_dit_handoff_received_frames", "Handoff frames parsed.", registry=registry
         )
         self.handoff_failures = Counter(
             "ardit_dit_handoff_failures",
@@ -24,6 +63,8 @@ class DitMetrics:
             ["reason"],
             registry=registry,
         )
+        for reason in handoff_failure_reasons():
+            self.handoff_failures.labels(reason)
         self.handoff_receive_seconds = Histogram(
             "ardit_dit_handoff_receive_seconds",
             "From the first byte of a handoff to its accepted close.",
@@ -36,11 +77,25 @@ class DitMetrics:
         self.handoff_buffer_idle_bytes = Gauge(
             "ardit_dit_handoff_buffer_idle_bytes", "Released row buffers kept warm for reuse.", registry=registry
         )
+        self.pipeline_queue_depth = Gauge(
+            "ardit_dit_pipeline_queue_depth", "Completed handoffs waiting for a pipeline run.", registry=registry
+        )
+        self.pipeline_queue_capacity = Gauge(
+            "ardit_dit_pipeline_queue_capacity",
+            "Completed handoffs that may wait for a pipeline run (ARDIT_DIT_PIPELINE_QUEUE_SIZE).",
+            registry=registry,
+        )
         self.queue_wait_seconds = Histogram(
             "ardit_dit_queue_wait_seconds", "Wait for a pipeline slot.", buckets=LATENCY_BUCKETS, registry=registry
         )
         self.denoise_seconds = Histogram(
             "ardit_dit_denoise_seconds", "Denoising loop per image.", buckets=LATENCY_BUCKETS, registry=registry
+        )
+        self.denoise_step_seconds = Histogram(
+            "ardit_dit_denoise_step_seconds",
+            "One denoising step (previews excluded; an image's first step includes the pipeline's set-up).",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
         )
         self.vae_decode_seconds = Histogram(
             "ardit_dit_vae_decode_seconds", "VAE decode per image.", buckets=LATENCY_BUCKETS, registry=registry
@@ -54,7 +109,15 @@ class DitMetrics:
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
-        self.images = Counter("ardit_dit_images", "Final images produced.", ["format"], registry=registry)
+        self.images = Counter("ardit_dit_images", "Final images produced, by format.", ["format"], registry=registry)
+        for output_format in get_args(OutputFormat):
+            self.images.labels(output_format)
+        self.image_pixels = Histogram(
+            "ardit_dit_image_pixels",
+            "Size of each final image, width x height.",
+            buckets=PIXEL_BUCKETS,
+            registry=registry,
+        )
         self.pipeline_runs_in_flight = Gauge(
             "ardit_dit_pipeline_runs_in_flight", "Pipeline runs executing now.", registry=registry
         )
@@ -64,4 +127,22 @@ class DitMetrics:
             ["reason"],
             registry=registry,
         )
+        for reason in PIPELINE_FAILURE_REASONS:
+            self.pipeline_failures.labels(reason)
+        # Declared always (the README lists them), exported only when the pipeline is on CUDA.
+        self.gpu_memory_allocated_bytes = Gauge(
+            "ardit_dit_gpu_memory_allocated_bytes",
+            "GPU memory held by the pipeline's tensors (CUDA only).",
+            registry=None,
+        )
+        self.gpu_memory_reserved_bytes = Gauge(
+            "ardit_dit_gpu_memory_reserved_bytes",
+            "GPU memory reserved by PyTorch's caching allocator, allocated plus cached (CUDA only).",
+            registry=None,
+        )
+        if cuda_device is not None and cuda_device.type == "cuda":
+            self.gpu_memory_allocated_bytes.set_function(lambda: torch.cuda.memory_allocated(cuda_device))
+            self.gpu_memory_reserved_bytes.set_function(lambda: torch.cuda.memory_reserved(cuda_device))
+            registry.register(self.gpu_memory_allocated_bytes)
+            registry.register(self.gpu_memory_reserved_bytes)
         self.build_info = Info("ardit_dit_build", "Version, model tag, dtype and device.", registry=registry)

@@ -3,18 +3,26 @@
 One ``QwenImagePipeline`` object is not thread-safe (its scheduler holds the step index and its
 ``_interrupt``/``_guidance_scale`` live on the object), but the weights are read-only during
 inference. So the weights are loaded once and each request gets a fresh pipeline object over the
-same transformer and VAE with its own scheduler built from the shared config.
+same transformer and VAE with its own scheduler built from the shared config: text to image
+(``QwenImagePipeline``), or an edit (``QwenImageImg2ImgPipeline``, ``QwenImageInpaintPipeline``
+with a mask) — the same components driven the way diffusers' own edit pipelines drive them.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
-from diffusers import FlowMatchEulerDiscreteScheduler, QwenImagePipeline
+from diffusers import (
+    FlowMatchEulerDiscreteScheduler,
+    QwenImageImg2ImgPipeline,
+    QwenImageInpaintPipeline,
+    QwenImagePipeline,
+)
 from pydantic import BaseModel, ConfigDict
 
 from shared.tensor_codec import ALLOWED_DTYPES
@@ -62,6 +70,12 @@ class ModelFacts:
 # diffusers registers a pipeline's components at run time (``register_modules``), so to a type
 # checker ``transformer``, ``vae``, ``scheduler``... are not attributes of ``QwenImagePipeline``.
 Pipeline = Any
+PipelineKind = Literal["text_to_image", "image_to_image", "inpaint"]
+_PIPELINES: dict[PipelineKind, type] = {
+    "text_to_image": QwenImagePipeline,
+    "image_to_image": QwenImageImg2ImgPipeline,
+    "inpaint": QwenImageInpaintPipeline,
+}
 
 
 class DitModel:
@@ -70,6 +84,10 @@ class DitModel:
         self.card = card
         self.transformer = base.transformer
         self.vae = base.vae
+        # AutoencoderKLQwenImage keeps its causal-conv feature cache on the module itself
+        # (clear_cache/_feat_map), so two encodes or decodes at once on the shared VAE corrupt each
+        # other: every use of ``vae`` outside a pipeline takes this lock.
+        self.vae_lock = threading.Lock()
         self.vae_scale_factor: int = base.vae_scale_factor
         self.facts = ModelFacts(
             joint_attention_dim=int(base.transformer.config.joint_attention_dim),
@@ -92,8 +110,8 @@ class DitModel:
         # The transformer sees 2x2 patches of VAE latents packed into its channels.
         return int(self.transformer.config.in_channels) // 4
 
-    def new_pipeline(self) -> Pipeline:
-        pipeline: Pipeline = QwenImagePipeline(
+    def new_pipeline(self, kind: PipelineKind = "text_to_image") -> Pipeline:
+        pipeline: Pipeline = _PIPELINES[kind](
             scheduler=FlowMatchEulerDiscreteScheduler.from_config(self._base.scheduler.config),
             vae=self.vae,
             text_encoder=None,

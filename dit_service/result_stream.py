@@ -26,7 +26,8 @@ from starlette.responses import StreamingResponse
 
 from dit_service.admission import RunTicket
 from dit_service.metrics import DitMetrics
-from dit_service.pipeline_runner import EmitResult, PipelineRunner, RenderCancelled, RenderJob, RenderTimings
+from dit_service.pipeline_runner import EmitResult, RenderCancelled, RenderJob, RenderTimings
+from dit_service.render_scheduler import RenderScheduler
 from services.fatal import Fatal
 from shared.result_frames import (
     RESULT_MEDIA_TYPE,
@@ -50,16 +51,14 @@ class _RunEnded:
 class ResultStream:
     def __init__(
         self,
-        runner: PipelineRunner,
-        run_slots: asyncio.Semaphore,
+        scheduler: RenderScheduler,
         metrics: DitMetrics,
         fatal: Fatal,
         *,
         progress_interval: float,
         max_consecutive_failures: int,
     ) -> None:
-        self._runner = runner
-        self._run_slots = run_slots
+        self._scheduler = scheduler
         self._metrics = metrics
         self._fatal = fatal
         self._progress_interval = progress_interval
@@ -96,7 +95,7 @@ class ResultStream:
         started: float,
         handoff_seconds: float,
     ) -> AsyncIterator[bytes]:
-        total = job.params.num_inference_steps * job.params.num_images
+        total = job.denoising_steps * job.params.num_images
         progress = ProgressFrame(request_id=job.request_id, step=0, steps=total)
         last_sent = time.monotonic()
         try:
@@ -129,27 +128,17 @@ class ResultStream:
         queue: asyncio.Queue[PartialImageFrame | ImageFrame | ProgressFrame | _RunEnded],
     ) -> None:
         metrics = self._metrics
-        waited = time.monotonic()
         timings, queue_seconds = None, 0.0
         try:
-            async with self._run_slots:
-                queue_seconds = time.monotonic() - waited
-                metrics.queue_wait_seconds.observe(queue_seconds)
-                if cancel.is_set():
-                    raise RenderCancelled()
-                metrics.pipeline_runs_in_flight.inc()
-                try:
-                    timings = await asyncio.to_thread(self._runner.render, job, emit, cancel)
-                finally:
-                    metrics.pipeline_runs_in_flight.dec()
-                self._failures_in_a_row = 0
-                log.info(
-                    "rendered %d image(s) of %dx%d, %d steps",
-                    job.params.num_images,
-                    job.params.width,
-                    job.params.height,
-                    job.params.num_inference_steps,
-                )
+            timings, queue_seconds = await self._scheduler.run(job, emit, cancel)
+            self._failures_in_a_row = 0
+            log.info(
+                "rendered %d image(s) of %dx%d, %d steps",
+                job.params.num_images,
+                job.params.width,
+                job.params.height,
+                job.params.num_inference_steps,
+            )
         except RenderCancelled:
             metrics.pipeline_failures.labels("client_disconnected").inc()
         except Exception:
@@ -160,6 +149,7 @@ class ResultStream:
                 self._fatal.trigger(f"the pipeline failed {self._failures_in_a_row} runs in a row")
         finally:
             ticket.release()
+            job.trace.end(finished=timings is not None)
             queue.put_nowait(_RunEnded(timings, queue_seconds))
 
     @staticmethod
@@ -175,6 +165,7 @@ class ResultStream:
             timings={
                 "handoff": handoff_seconds,
                 "queue": ended.queue_seconds,
+                "vae_encode": timings.vae_encode,
                 "denoise": timings.denoise,
                 "previews": timings.previews,
                 "vae_decode": timings.vae_decode,

@@ -64,6 +64,12 @@ class DitSettings(BaseSettings):
     progress_interval_seconds: Annotated[float, Field(gt=0)] = Field(
         2.0, description="A progress frame goes to the AR after this long without a result frame (queued or rendering)."
     )
+    batch_max_size: Annotated[int, Field(ge=1)] = Field(
+        1, description="Compatible text-to-image requests denoised as one batch, at most (1: no batching)."
+    )
+    batch_window_ms: Annotated[float, Field(ge=0)] = Field(
+        20.0, description="How long the next run waits for compatible requests to batch with (batching on)."
+    )
     max_consecutive_pipeline_failures: Annotated[int, Field(ge=1)] = Field(
         3, description="Pipeline runs failing in a row before the DiT declares itself broken and exits."
     )
@@ -72,7 +78,7 @@ class DitSettings(BaseSettings):
     max_rows: Annotated[int, Field(ge=1)] = Field(AssemblyCaps.max_rows, description="Max rows per stream.")
     max_hidden_size: Annotated[int, Field(ge=1)] = Field(AssemblyCaps.max_hidden_size, description="Max hidden size.")
     max_buffer_bytes: Annotated[int, Field(ge=1)] = Field(
-        AssemblyCaps.max_bytes, description="Max row-buffer bytes one handoff may allocate."
+        AssemblyCaps.max_bytes, description="Max bytes of rows and edit pixels one handoff may allocate."
     )
     max_frame_header_bytes: Annotated[int, Field(ge=64)] = Field(
         FrameLimits.max_header_bytes, description="Max bytes of one frame's msgpack header."
@@ -126,7 +132,10 @@ class DitSettings(BaseSettings):
     @property
     def assembly_caps(self) -> AssemblyCaps:
         return AssemblyCaps(
-            max_rows=self.max_rows, max_hidden_size=self.max_hidden_size, max_bytes=self.max_buffer_bytes
+            max_rows=self.max_rows,
+            max_hidden_size=self.max_hidden_size,
+            max_bytes=self.max_buffer_bytes,
+            max_image_pixels=self.max_pixels,
         )
 
     @property

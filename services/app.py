@@ -1,12 +1,15 @@
-"""The app factory both services use: error bodies, request ids, health, readiness, metrics.
+"""The app factory both services use: error bodies, request ids, health, readiness, metrics, traces.
 
 Each service passes a readiness probe (model loaded and warmed, peer reachable) and its routers;
-everything an operator relies on behaves the same on both.
+everything an operator relies on behaves the same on both: every response is counted by route,
+method and status, every error body by its code, readiness is exported at each scrape
+(``AppMetrics``), and every request but the probes and ``untraced_paths`` gets a server span
+(``services.tracing``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -16,8 +19,10 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from services.app_metrics import AppMetrics
 from services.errors import ErrorBody, install_error_handlers
 from services.request_context import RequestIdMiddleware
+from services.tracing import instrument_app
 
 
 class _Wrapped:
@@ -48,16 +53,21 @@ def create_app(
     lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None,
     readiness: ReadinessProbe,
     registry: CollectorRegistry,
+    app_metrics: AppMetrics,
+    untraced_paths: Iterable[str] = (),
     gate: Callable[[ASGIApp], ASGIApp] | None = None,
 ) -> FastAPI:
     """``gate`` wraps the app inside the request-id layer (so its refusals carry the id too)."""
     app = FastAPI(title=title, lifespan=lifespan)
-    install_error_handlers(app)
+    install_error_handlers(app, app_metrics.count_error)
     if gate is not None:
         app.add_middleware(_Wrapped, wrap=gate)
     app.add_middleware(RequestIdMiddleware)
+    app_metrics.install(app)
+    instrument_app(app, untraced_paths)
 
     @app.get("/healthz", include_in_schema=False)
+    @app.get("/health", include_in_schema=False)  # vLLM's name, which routers (vllm-router) call
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
@@ -69,6 +79,7 @@ def create_app(
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:
+        app_metrics.ready.set(int((await readiness()).ready))
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     _document_400_not_422(app)

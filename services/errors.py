@@ -2,13 +2,15 @@
 
 ``{"error": {"message", "type", "param", "code"}}`` is what OpenAI clients parse; the ``type``
 values follow OpenAI's (``invalid_request_error``, ``authentication_error``, ...). No stack
-traces ever reach a body: unexpected exceptions become a generic 500 and are logged.
+traces ever reach a body: unexpected exceptions become a generic 500 and are logged. Every body
+the handlers render is reported to ``on_error`` first (the service's error counter).
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -95,10 +97,17 @@ def _param_of(loc: tuple[int | str, ...]) -> str | None:
     return ".".join(parts) or None
 
 
-def install_error_handlers(app: FastAPI) -> None:
+ErrorObserver = Callable[[ApiError], None]
+
+
+def install_error_handlers(app: FastAPI, on_error: ErrorObserver) -> None:
+    def respond(error: ApiError) -> JSONResponse:
+        on_error(error)
+        return error.response()
+
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
-        return exc.response()
+        return respond(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -108,14 +117,18 @@ def install_error_handlers(app: FastAPI) -> None:
             # OpenAI's own answer to a field it does not know.
             return ApiError(400, f"Unknown parameter: '{param}'.", param=param, code="unknown_parameter").response()
         message = f"{param}: {first['msg']}" if param else str(first["msg"])
-        return ApiError(400, message, param=param, code="invalid_value").response()
+        return respond(ApiError(400, message, param=param, code="invalid_value"))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        return ApiError(exc.status_code, str(exc.detail), code=code, headers=dict(exc.headers or {})).response()
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code in (404, 405):
+            # A route is a method and a path: any pair no route serves is an unknown URL, in
+            # OpenAI's words (a POST under a GET-only path is not a "method not allowed").
+            message = f"Invalid URL ({request.method} {request.url.path})"
+            return respond(ApiError(404, message, code="not_found"))
+        return respond(ApiError(exc.status_code, str(exc.detail), headers=dict(exc.headers or {})))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return ApiError(500, "internal server error", type="server_error", code="internal_error").response()
+        return respond(ApiError(500, "internal server error", type="server_error", code="internal_error"))

@@ -16,6 +16,8 @@ from prometheus_client.process_collector import ProcessCollector
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600)
 # Seconds: the handoff tail is sub-millisecond when overlapped with decoding, seconds when not.
 HANDOFF_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+# Pixels per image (width x height): 256², 512², 768², 1024², Qwen-Image's native 1328², 2048².
+PIXEL_BUCKETS = (65536, 262144, 589824, 1048576, 1763584, 4194304)
 # Tokens per request.
 TOKEN_BUCKETS = (0, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 

@@ -8,6 +8,7 @@ import logging
 import re
 import uuid
 
+from opentelemetry import trace
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 REQUEST_ID_HEADER = "x-request-id"
@@ -33,6 +34,8 @@ class RequestIdMiddleware:
         incoming = dict(scope.get("headers") or []).get(REQUEST_ID_HEADER.encode(), b"").decode("latin-1")
         request_id = incoming if _VALID.match(incoming) else new_request_id()
         scope.setdefault("state", {})["request_id"] = request_id
+        # The id in the logs finds the request's trace (the server span is the current one here).
+        trace.get_current_span().set_attribute("ardit.request_id", request_id)
         token = request_id_var.set(request_id)
 
         async def send_with_id(message: Message) -> None:

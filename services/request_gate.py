@@ -2,22 +2,23 @@
 how long it takes to arrive.
 
 Pure ASGI, in front of the app: a request without a valid key is answered 401 before one byte of
-its body is read; a body over ``max_body_bytes`` is a 413 (from ``Content-Length`` at once, or as
-soon as the count passes the cap), and a body that does not arrive within ``body_timeout`` seconds
-(a slow or lying client) is a 408. The body is then replayed to the app, so handlers parse at most
-``max_body_bytes`` and never wait on a slow client.
+its body is read; a body over its cap — ``max_body_bytes``, or a path's own in ``path_body_bytes``
+(image uploads) — is a 413 (from ``Content-Length`` at once, or as soon as the count passes the
+cap), and a body that does not arrive within ``body_timeout`` seconds (a slow or lying client) is a
+408. The body is then replayed to the app, so handlers parse at most their cap and never wait on a
+slow client.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.auth import BearerAuth
-from services.errors import ApiError
+from services.errors import ApiError, ErrorObserver
 
 
 class RequestGate:
@@ -30,14 +31,22 @@ class RequestGate:
         body_timeout: float,
         open_paths: Iterable[str],
         own_auth_prefixes: Iterable[str] = (),
+        on_refusal: ErrorObserver,
+        open_get_prefixes: Iterable[str] = (),
+        path_body_bytes: Mapping[str, int] | None = None,
     ) -> None:
-        """``open_paths`` need no key (probes, metrics); ``own_auth_prefixes`` check their own token."""
+        """``open_paths`` need no key (probes, metrics), nor do GETs under ``open_get_prefixes``
+        (URLs that are capabilities); ``own_auth_prefixes`` check their own token; ``on_refusal``
+        sees every refusal (the service's error counter)."""
         self.app = app
         self._auth = auth
         self._max_body = max_body_bytes
+        self._path_body = dict(path_body_bytes or {})
         self._timeout = body_timeout
         self._open = frozenset(open_paths)
+        self._open_get = tuple(open_get_prefixes)
         self._own_auth = tuple(own_auth_prefixes)
+        self._on_refusal = on_refusal
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -45,18 +54,24 @@ class RequestGate:
             return
         try:
             path = scope["path"]
-            if self._auth.enabled and path not in self._open and not path.startswith(self._own_auth):
+            if self._auth.enabled and not self._is_open(scope["method"], path):
                 self._auth.check(_header(scope, b"authorization"))
-            body = await self._read_body(scope, receive)
+            body = await self._read_body(scope, receive, self._path_body.get(path, self._max_body))
         except ApiError as refused:
+            self._on_refusal(refused)
             await refused.response()(scope, receive, send)
             return
         await self.app(scope, _replay(body, receive), send)
 
-    async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
+    def _is_open(self, method: str, path: str) -> bool:
+        if path in self._open or path.startswith(self._own_auth):
+            return True
+        return method in ("GET", "HEAD") and bool(self._open_get) and path.startswith(self._open_get)
+
+    async def _read_body(self, scope: Scope, receive: Receive, limit: int) -> bytes:
         declared = _header(scope, b"content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > self._max_body):
-            raise _too_large(self._max_body)
+        if declared is not None and (not declared.isdigit() or int(declared) > limit):
+            raise _too_large(limit)
         chunks: list[bytes] = []
         size = 0
         deadline = time.monotonic() + self._timeout
@@ -71,8 +86,8 @@ class RequestGate:
                 raise ApiError(499, "client closed the request", code="client_closed_request")
             chunk = message.get("body", b"")
             size += len(chunk)
-            if size > self._max_body:
-                raise _too_large(self._max_body)
+            if size > limit:
+                raise _too_large(limit)
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks)

@@ -67,6 +67,12 @@ class RowCountMismatch(HandoffError):
     code = "row_count_mismatch"
 
 
+class MissingPixels(HandoffError):
+    """``close`` came before every image ``open.edit`` announced (image, mask) arrived."""
+
+    code = "missing_pixels"
+
+
 class ChecksumMismatch(HandoffError):
     code = "checksum_mismatch"
 

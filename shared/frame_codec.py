@@ -1,8 +1,8 @@
 """Frames to bytes and back.
 
-Encoding is scatter/gather: a ``rows`` frame becomes ``[prefix, payload]`` where ``prefix`` is the
-small msgpack map prefix ending in the ``data`` bin header and ``payload`` is the tensor's own
-memory. A sender writes both buffers; the row bytes are never concatenated into a new buffer.
+Encoding is scatter/gather: a ``rows`` (or ``pixels``) frame becomes ``[prefix, payload]`` where
+``prefix`` is the small msgpack map prefix ending in the ``data`` bin header and ``payload`` is the
+tensor's own memory. A sender writes both buffers; the bytes are never concatenated into a new buffer.
 
 Decoding has two paths:
 
@@ -24,7 +24,17 @@ import torch
 from shared.checksum import PayloadHasher, payload_checksum
 from shared.errors import ChecksumMismatch, FrameTooLarge, HandoffError, IncompleteStream, MalformedFrame, ShapeMismatch
 from shared.frame_types import Buffer
-from shared.frames import Frame, RowsFrame, StreamName, frame_from_header, frame_header
+from shared.frames import (
+    PIXEL_CHANNELS,
+    Frame,
+    PayloadFrame,
+    PixelRole,
+    PixelsFrame,
+    RowsFrame,
+    StreamName,
+    frame_from_header,
+    frame_header,
+)
 from shared.tensor_codec import (
     TensorLayout,
     check_layout,
@@ -46,8 +56,8 @@ _BIN_LENGTH_BYTES = {0xC4: 1, 0xC5: 2, 0xC6: 4}  # bin8, bin16, bin32
 
 def encode_frame(frame: Frame) -> bytes:
     """A frame without row data (``open``, ``close``, ``abort``) as one msgpack map."""
-    if isinstance(frame, RowsFrame):
-        raise TypeError("rows frames carry data: use encode_rows")
+    if isinstance(frame, RowsFrame | PixelsFrame):
+        raise TypeError(f"{frame.kind} frames carry data: use encode_rows or encode_pixels")
     packed: bytes = msgpack.packb(frame_header(frame), use_bin_type=True)
     return packed
 
@@ -86,22 +96,44 @@ def encode_row_bytes(
         shape=shape,
         checksum=payload_checksum(payload),
     )
+    return frame, _with_payload(frame, payload)
+
+
+def encode_pixels(
+    request_id: str, role: PixelRole, height: int, width: int, payload: Buffer
+) -> tuple[PixelsFrame, list[Buffer]]:
+    """The ``pixels`` frame of one edit image (``height x width x channels`` uint8, row-major) and
+    its wire buffers ``[prefix, payload]``."""
+    data = memoryview(payload).cast("B")
+    frame = PixelsFrame(
+        request_id=request_id,
+        role=role,
+        shape=[height, width, PIXEL_CHANNELS[role]],
+        checksum=payload_checksum(data),
+    )
+    if data.nbytes != frame.nbytes:
+        raise ValueError(f"{data.nbytes} bytes are not a {height}x{width} {role}")
+    return frame, _with_payload(frame, data)
+
+
+def _with_payload(frame: PayloadFrame, payload: memoryview) -> list[Buffer]:
     # Pack the map with 'data' as nil (one byte, 0xc0, last), then put the bin header in its
     # place: always bin32, so the prefix length does not depend on the payload size.
     header = frame_header(frame)
     header[DATA_KEY] = None
     packed = msgpack.packb(header, use_bin_type=True)
-    return frame, [packed[:-1] + b"\xc6" + struct.pack(">I", payload.nbytes), payload]
+    return [packed[:-1] + b"\xc6" + struct.pack(">I", payload.nbytes), payload]
 
 
 @dataclass(frozen=True)
 class DecodedFrame:
     frame: Frame
     rows: torch.Tensor | None = None
+    pixels: bytes | None = None
 
 
 def decode_frame(data: Buffer) -> DecodedFrame:
-    """Plain decode of one complete frame (copies the payload once into a new tensor)."""
+    """Plain decode of one complete frame (copies a rows payload once into a new tensor)."""
     try:
         header = msgpack.unpackb(data, raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises several unrelated types for bad input
@@ -110,10 +142,15 @@ def decode_frame(data: Buffer) -> DecodedFrame:
         raise MalformedFrame("a frame is a msgpack map")
     payload = header.pop(DATA_KEY, None)
     frame = frame_from_header(header)
-    if not isinstance(frame, RowsFrame):
+    if not isinstance(frame, RowsFrame | PixelsFrame):
         return DecodedFrame(frame)
     if not isinstance(payload, bytes):
-        raise MalformedFrame("rows frame without a bin 'data' entry")
+        raise MalformedFrame(f"{frame.kind} frame without a bin 'data' entry")
+    if isinstance(frame, PixelsFrame):
+        _check_pixels(frame, len(payload))
+        if payload_checksum(payload) != frame.checksum:
+            raise ChecksumMismatch(f"{frame.role} pixels: payload checksum mismatch")
+        return DecodedFrame(frame, pixels=payload)
     layout = check_layout(frame.dtype, frame.shape)
     rows = tensor_from_bytes(payload, layout)
     if payload_checksum(payload) != frame.checksum:
@@ -135,6 +172,9 @@ class RowLanding(Protocol):
     def land(self, frame: RowsFrame, layout: TensorLayout) -> memoryview:
         """Writable memory for this rows frame's payload (exactly ``layout.nbytes``), or raise."""
 
+    def land_pixels(self, frame: PixelsFrame) -> memoryview:
+        """Writable memory for this pixels frame's payload (exactly ``frame.nbytes``), or raise."""
+
     def accept(self, frame: Frame) -> None:
         """A complete frame (a rows frame once its payload has landed)."""
 
@@ -142,7 +182,7 @@ class RowLanding(Protocol):
 class FrameReader:
     """Push parser: ``feed`` chunks of a frame stream; frames go to the sink as they complete.
 
-    Rows payloads are copied from the chunks directly into the memory ``sink.land`` returns.
+    Payloads are copied from the chunks directly into the memory ``sink.land`` (``land_pixels``) returns.
     Header bytes are buffered up to ``limits.max_header_bytes``; a payload is never buffered.
     """
 
@@ -150,7 +190,7 @@ class FrameReader:
         self._sink = sink
         self._limits = limits
         self._pending = bytearray()
-        self._rows: RowsFrame | None = None
+        self._filling: PayloadFrame | None = None
         self._dest: memoryview | None = None
         self._hasher: PayloadHasher | None = None
         self._filled = 0
@@ -209,7 +249,7 @@ class FrameReader:
         self._sink.accept(frame)
 
     def _fill(self, view: memoryview) -> memoryview:
-        assert self._dest is not None and self._rows is not None and self._hasher is not None
+        assert self._dest is not None and self._filling is not None and self._hasher is not None
         take = min(view.nbytes, self._dest.nbytes - self._filled)
         received = view[:take]
         landing = self._dest[self._filled : self._filled + take]
@@ -221,19 +261,19 @@ class FrameReader:
             update(piece)
         self._filled += take
         if self._filled == self._dest.nbytes:
-            frame = self._rows
+            frame = self._filling
             digest = self._hasher.hexdigest()
-            self._rows, self._dest = None, None
+            self._filling, self._dest = None, None
             if digest != frame.checksum:
-                raise ChecksumMismatch(f"rows [{frame.start}, {frame.start + frame.count}): payload checksum mismatch")
+                raise ChecksumMismatch(f"{_payload_name(frame)}: payload checksum mismatch")
             self._deliver(frame)
         return view[take:]
 
     def _parse_header(self, head: Buffer) -> tuple[Frame, int] | None:
         """Parse the frame at the start of ``head``; None if more bytes are needed.
 
-        For a rows frame this stops at the ``data`` bin header, sets up landing, and returns
-        the offset where the payload starts.
+        For a rows or pixels frame this stops at the ``data`` bin header, sets up landing, and
+        returns the offset where the payload starts.
         """
         unpacker = msgpack.Unpacker(
             raw=False,
@@ -254,7 +294,7 @@ class FrameReader:
                 key = unpacker.unpack()
                 if key == DATA_KEY:
                     if index != count - 1:
-                        raise MalformedFrame("'data' must be the last entry of a rows frame")
+                        raise MalformedFrame("'data' must be the last entry of a frame")
                     self._check_header_size(unpacker.tell())
                     return self._start_payload(header, head, unpacker.tell())
                 header[key] = unpacker.unpack()
@@ -271,8 +311,8 @@ class FrameReader:
             raise MalformedFrame(f"not a msgpack frame map: {exc}") from None
         self._check_header_size(unpacker.tell())
         frame = frame_from_header(header)
-        if isinstance(frame, RowsFrame):
-            raise MalformedFrame("rows frame without a bin 'data' entry")
+        if isinstance(frame, RowsFrame | PixelsFrame):
+            raise MalformedFrame(f"{frame.kind} frame without a bin 'data' entry")
         return frame, unpacker.tell()
 
     def _check_header_size(self, nbytes: int) -> None:
@@ -291,18 +331,36 @@ class FrameReader:
                 return None
             length = int.from_bytes(view[at + 1 : at + 1 + width], "big")
         frame = frame_from_header(header)
-        if not isinstance(frame, RowsFrame):
+        if not isinstance(frame, RowsFrame | PixelsFrame):
             raise MalformedFrame(f"a {frame.kind} frame carries no data")
         if length > self._limits.max_payload_bytes:
             raise FrameTooLarge(f"payload of {length} bytes over the limit {self._limits.max_payload_bytes}")
-        layout = check_layout(frame.dtype, frame.shape)
-        if layout.nbytes != length:
-            raise ShapeMismatch(f"{length} payload bytes do not hold shape {frame.shape} of {frame.dtype}")
-        dest = self._sink.land(frame, layout)
+        if isinstance(frame, PixelsFrame):
+            _check_pixels(frame, length)
+            dest = self._sink.land_pixels(frame)
+        else:
+            layout = check_layout(frame.dtype, frame.shape)
+            if layout.nbytes != length:
+                raise ShapeMismatch(f"{length} payload bytes do not hold shape {frame.shape} of {frame.dtype}")
+            dest = self._sink.land(frame, layout)
         if dest.nbytes != length:
             raise ValueError("land() returned a destination of the wrong size")
         if length:
-            self._rows, self._dest, self._filled, self._hasher = frame, dest, 0, PayloadHasher()
+            self._filling, self._dest, self._filled, self._hasher = frame, dest, 0, PayloadHasher()
         elif payload_checksum(b"") != frame.checksum:
-            raise ChecksumMismatch("empty rows frame with a wrong checksum")
+            raise ChecksumMismatch(f"empty {frame.kind} frame with a wrong checksum")
         return frame, at + 1 + width
+
+
+def _check_pixels(frame: PixelsFrame, length: int) -> None:
+    channels = PIXEL_CHANNELS[frame.role]
+    if frame.shape[2] != channels:
+        raise ShapeMismatch(f"{frame.role} pixels have {channels} channel(s), the frame says {frame.shape[2]}")
+    if frame.nbytes != length:
+        raise ShapeMismatch(f"{length} payload bytes do not hold {frame.role} pixels of shape {frame.shape}")
+
+
+def _payload_name(frame: PayloadFrame) -> str:
+    if isinstance(frame, PixelsFrame):
+        return f"{frame.role} pixels"
+    return f"rows [{frame.start}, {frame.start + frame.count})"

@@ -1,8 +1,9 @@
 """The frames of one AR→DiT handoff, as typed models. HANDOFF_SPEC.md is the prose version.
 
-A handoff is ``open``, then ``rows`` frames (any order, any split), then ``close`` — or ``abort``
-at any point. Each frame is one msgpack map; the raw row bytes of a ``rows`` frame travel in its
-``data`` entry, which is not part of the models below (the codec handles it, see frame_codec.py).
+A handoff is ``open``, then ``rows`` frames (any order, any split) and, for an image edit, its
+``pixels`` frames, then ``close`` — or ``abort`` at any point. Each frame is one msgpack map; the
+raw bytes of a ``rows`` or ``pixels`` frame travel in its ``data`` entry, which is not part of the
+models below (the codec handles it, see frame_codec.py).
 
 Receivers ignore map keys they do not know, so adding an optional field is not a breaking change;
 anything else bumps ``SCHEMA_VERSION``.
@@ -17,16 +18,24 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from shared.errors import MalformedFrame, UnknownFrameKind, UnsupportedSchemaVersion
 from shared.tensor_codec import TOKEN_ID_BYTES
 
-SCHEMA_VERSION = 2
+# Version 3 added image edits (``open.edit`` and the ``pixels`` frame); see HANDOFF_SPEC.md.
+SCHEMA_VERSION = 3
 # Seeds are uint64 (msgpack's and torch.Generator's largest integer).
 MAX_SEED = 2**64 - 1
 
 StreamName = Literal["cond", "uncond"]
+# The images of an edit: the one edited (RGB) and its mask (one channel, 255 = repaint).
+PixelRole = Literal["image", "mask"]
+PIXEL_CHANNELS: dict[PixelRole, int] = {"image": 3, "mask": 1}
 OutputFormat = Literal["png", "jpeg", "webp"]
 NonNegInt = Annotated[int, Field(ge=0)]
 PosInt = Annotated[int, Field(gt=0)]
 RequestId = Annotated[str, Field(min_length=1, max_length=128)]
 Checksum = Annotated[str, Field(pattern=r"^[0-9a-f]{16}$")]
+# W3C Trace Context: version-traceid-parentid-flags in lowercase hex; later versions may append fields.
+TraceParent = Annotated[
+    str, Field(max_length=512, pattern=r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}(-[\x21-\x7e]+)?$")
+]
 
 
 def _whole_token_ids(data: bytes) -> bytes:
@@ -78,6 +87,23 @@ class StreamSpec(_Model):
         return self
 
 
+class EditSpec(_Model):
+    """An image edit: the handoff carries the image to start from (and a mask) in ``pixels`` frames.
+
+    Both are ``diffusion.height`` x ``diffusion.width``: the sender resizes them to the output size.
+    """
+
+    # Fraction of the denoising schedule run from the noised input: 0 returns the input through
+    # the VAE, 1 starts from pure noise (inside the mask, with one).
+    strength: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+    # A ``mask`` pixels frame follows: only its nonzero pixels are repainted.
+    mask: bool = False
+
+    @property
+    def roles(self) -> tuple[PixelRole, ...]:
+        return ("image", "mask") if self.mask else ("image",)
+
+
 class OpenFrame(_Model):
     kind: Literal["open"] = "open"
     v: int = SCHEMA_VERSION
@@ -92,6 +118,11 @@ class OpenFrame(_Model):
     # "cond" is required; "uncond" present means a CFG negative stream follows.
     streams: dict[StreamName, StreamSpec]
     diffusion: DiffusionParams
+    # The W3C traceparent of the sender's handoff span: the receiver's spans join the sender's
+    # trace. Optional (added within version 2); absent when the sender does not trace.
+    traceparent: TraceParent | None = None
+    # Present for an image edit (the ``pixels`` frames it announces follow); absent: text to image.
+    edit: EditSpec | None = None
 
 
 class RowsFrame(_Model):
@@ -108,6 +139,25 @@ class RowsFrame(_Model):
     shape: Annotated[list[NonNegInt], Field(min_length=2, max_length=2)]
     # xxh3-64 of this frame's payload (see checksum.py).
     checksum: Checksum
+
+
+class PixelsFrame(_Model):
+    """One image of an edit: ``height x width x channels`` uint8 in ``data``, row-major, RGB for the
+    image and one channel for the mask. Exactly one per role ``open.edit`` announces."""
+
+    kind: Literal["pixels"] = "pixels"
+    v: int = SCHEMA_VERSION
+    request_id: RequestId
+    role: PixelRole
+    # [height, width, channels]
+    shape: Annotated[list[PosInt], Field(min_length=3, max_length=3)]
+    # xxh3-64 of this frame's payload (see checksum.py).
+    checksum: Checksum
+
+    @property
+    def nbytes(self) -> int:
+        height, width, channels = self.shape
+        return height * width * channels
 
 
 class StreamTotals(_Model):
@@ -140,8 +190,16 @@ class AbortFrame(_Model):
     reason: Annotated[str, Field(max_length=1024)]
 
 
-Frame = OpenFrame | RowsFrame | CloseFrame | AbortFrame
-_BY_KIND: dict[str, type[Frame]] = {"open": OpenFrame, "rows": RowsFrame, "close": CloseFrame, "abort": AbortFrame}
+Frame = OpenFrame | RowsFrame | PixelsFrame | CloseFrame | AbortFrame
+# The frames whose bytes follow their header in ``data``.
+PayloadFrame = RowsFrame | PixelsFrame
+_BY_KIND: dict[str, type[Frame]] = {
+    "open": OpenFrame,
+    "rows": RowsFrame,
+    "pixels": PixelsFrame,
+    "close": CloseFrame,
+    "abort": AbortFrame,
+}
 
 
 def frame_from_header(header: object) -> Frame:

@@ -1,9 +1,10 @@
 """Receiver side of the contract: frames in, one validated set of hidden rows out.
 
 ``HandoffAssembler`` enforces every ordering and consistency rule of HANDOFF_SPEC.md. Row memory
-is allocated once, from the ``open`` frame, after checking the declared size against the caps;
-rows land by index (each frame's payload checksum is checked as it lands, by the reader);
-``close`` is accepted only when row counts, token ids and the stream checksums agree.
+(and an edit's pixel memory) is allocated once, from the ``open`` frame, after checking the declared
+sizes against the caps; rows land by index, pixels by role (each frame's payload checksum is checked
+as it lands, by the reader); ``close`` is accepted only when row counts, token ids and the stream
+checksums agree and every announced image arrived.
 ``HandoffReceiver`` glues it to a ``FrameReader`` for a byte stream.
 """
 
@@ -22,6 +23,7 @@ from shared.errors import (
     FrameOutOfOrder,
     HandoffAborted,
     IncompleteStream,
+    MissingPixels,
     OverlappingRows,
     RowCountMismatch,
     RowsOutOfBounds,
@@ -30,7 +32,18 @@ from shared.errors import (
 )
 from shared.frame_codec import FrameLimits, FrameReader
 from shared.frame_types import Buffer
-from shared.frames import AbortFrame, CloseFrame, Frame, OpenFrame, RowsFrame, StreamName, StreamTotals
+from shared.frames import (
+    PIXEL_CHANNELS,
+    AbortFrame,
+    CloseFrame,
+    Frame,
+    OpenFrame,
+    PixelRole,
+    PixelsFrame,
+    RowsFrame,
+    StreamName,
+    StreamTotals,
+)
 from shared.row_buffer_pool import RowBufferPool
 from shared.tensor_codec import (
     ALLOWED_DTYPES,
@@ -48,7 +61,10 @@ class AssemblyCaps:
 
     max_rows: int = 32768
     max_hidden_size: int = 16384
+    # Rows and an edit's pixels together.
     max_bytes: int = 2 << 30
+    # Largest width x height of an edit's image (the DiT sets its own max_pixels here).
+    max_image_pixels: int = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -60,10 +76,28 @@ class AssembledStream:
 
 
 @dataclass(frozen=True)
+class AssembledEdit:
+    strength: float
+    image: torch.Tensor  # [height, width, 3] uint8, RGB
+    mask: torch.Tensor | None  # [height, width, 1] uint8, nonzero = repaint
+
+
+@dataclass(frozen=True)
 class AssembledHandoff:
     open: OpenFrame
     close: CloseFrame
     streams: dict[StreamName, AssembledStream]
+    edit: AssembledEdit | None = None
+
+
+class _PixelBuffer:
+    """One edit image, owned by the handoff (never pooled: the render keeps it after release)."""
+
+    def __init__(self, height: int, width: int, channels: int) -> None:
+        self.pixels = torch.empty((height, width, channels), dtype=torch.uint8)
+        self.bytes = byte_view(self.pixels)
+        self.landed = False
+        self.received = False
 
 
 class _StreamBuffer:
@@ -91,6 +125,7 @@ class HandoffAssembler:
         self._pool = pool
         self.open: OpenFrame | None = None
         self._streams: dict[StreamName, _StreamBuffer] = {}
+        self._pixels: dict[PixelRole, _PixelBuffer] = {}
         self._result: AssembledHandoff | None = None
 
     @property
@@ -99,7 +134,8 @@ class HandoffAssembler:
 
     @property
     def allocated_bytes(self) -> int:
-        return sum(s.raw.numel() for s in self._streams.values())
+        rows = sum(s.raw.numel() for s in self._streams.values())
+        return rows + sum(p.pixels.numel() for p in self._pixels.values())
 
     def result(self) -> AssembledHandoff:
         if self._result is None:
@@ -112,6 +148,7 @@ class HandoffAssembler:
             for stream in self._streams.values():
                 self._pool.release(stream.raw)
         self._streams.clear()
+        self._pixels.clear()
         self._result = None
 
     def accept(self, frame: Frame) -> None:
@@ -134,6 +171,8 @@ class HandoffAssembler:
             # Landed (``land`` checked its stream) and its payload checksum verified by the
             # reader; keep it for close.
             self._streams[frame.stream].frame_checksums[frame.start] = frame.checksum
+        elif isinstance(frame, PixelsFrame):
+            self._pixels[frame.role].received = True  # landed (``land_pixels``) and its checksum verified
         else:  # pragma: no cover - Frame is a closed union
             raise TypeError(type(frame))
 
@@ -164,6 +203,26 @@ class HandoffAssembler:
         stream.received += frame.count
         return stream.bytes[frame.start * stream.row_bytes : end * stream.row_bytes]
 
+    def land_pixels(self, frame: PixelsFrame) -> memoryview:
+        """Validate a pixels frame and return the buffer its payload fills."""
+        if self._result is not None:
+            raise FrameAfterClose("pixels frame after close")
+        if self.open is None:
+            raise FrameOutOfOrder("pixels frame before open")
+        if frame.request_id != self.open.request_id:
+            raise FrameOutOfOrder(f"frame for request {frame.request_id!r} in handoff {self.open.request_id!r}")
+        buffer = self._pixels.get(frame.role)
+        if buffer is None:
+            raise FrameOutOfOrder(f"a {frame.role} pixels frame the open frame did not announce (open.edit)")
+        if buffer.landed:
+            raise FrameOutOfOrder(f"a second {frame.role} pixels frame")
+        if tuple(frame.shape) != tuple(buffer.pixels.shape):
+            raise ShapeMismatch(
+                f"{frame.role} pixels of shape {frame.shape}, open declared {list(buffer.pixels.shape)}"
+            )
+        buffer.landed = True
+        return buffer.bytes
+
     def _open(self, frame: OpenFrame) -> None:
         if self.open is not None:
             raise FrameOutOfOrder("second open frame")
@@ -182,13 +241,19 @@ class HandoffAssembler:
             if spec.prompt_tokens > spec.max_rows + 1:
                 raise RowsOutOfBounds(f"{name}: prompt of {spec.prompt_tokens} tokens cannot fit {spec.max_rows} rows")
             total += spec.max_rows * frame.hidden_size * itemsize
+        height, width = frame.diffusion.height, frame.diffusion.width
+        roles = frame.edit.roles if frame.edit is not None else ()
+        if roles and height * width > caps.max_image_pixels:
+            raise AllocationTooLarge(f"an edit of {width}x{height} pixels over the cap {caps.max_image_pixels}")
+        total += sum(height * width * PIXEL_CHANNELS[role] for role in roles)
         if total > caps.max_bytes:
-            raise AllocationTooLarge(f"{total} bytes of rows over the cap {caps.max_bytes}")
+            raise AllocationTooLarge(f"{total} bytes of rows and pixels over the cap {caps.max_bytes}")
         dtype = ALLOWED_DTYPES[frame.dtype]
         self._streams = {
             name: _StreamBuffer(spec.max_rows, frame.hidden_size, dtype, self._pool)
             for name, spec in frame.streams.items()
         }
+        self._pixels = {role: _PixelBuffer(height, width, PIXEL_CHANNELS[role]) for role in roles}
         self.open = frame
 
     def _close(self, frame: CloseFrame) -> None:
@@ -203,7 +268,20 @@ class HandoffAssembler:
         for name, totals in frame.streams.items():
             spec = opened.streams[name]
             assembled[name] = self._close_stream(name, self._streams[name], totals, spec.prefix_tokens)
-        self._result = AssembledHandoff(open=opened, close=frame, streams=assembled)
+        self._result = AssembledHandoff(open=opened, close=frame, streams=assembled, edit=self._close_edit(opened))
+
+    def _close_edit(self, opened: OpenFrame) -> AssembledEdit | None:
+        if opened.edit is None:
+            return None
+        missing = [role for role, buffer in self._pixels.items() if not buffer.received]
+        if missing:
+            raise MissingPixels(f"close before the edit's {' and '.join(missing)} pixels arrived")
+        mask = self._pixels.get("mask")
+        return AssembledEdit(
+            strength=opened.edit.strength,
+            image=self._pixels["image"].pixels,
+            mask=mask.pixels if mask is not None else None,
+        )
 
     @staticmethod
     def _close_stream(

@@ -12,9 +12,9 @@ from collections.abc import Iterator, Mapping
 import torch
 
 from shared.checksum import stream_checksum
-from shared.frame_codec import encode_frame, encode_row_bytes
+from shared.frame_codec import encode_frame, encode_pixels, encode_row_bytes
 from shared.frame_types import Buffer
-from shared.frames import AbortFrame, CloseFrame, OpenFrame, StreamName, StreamTotals
+from shared.frames import AbortFrame, CloseFrame, OpenFrame, PixelRole, StreamName, StreamTotals
 from shared.tensor_codec import tensor_bytes, token_ids_to_bytes, wire_dtype
 
 # Frames small enough that the one just hashed is still in cache when it is written out (and,
@@ -31,6 +31,15 @@ class HandoffEncoder:
 
     def open_frame(self) -> list[Buffer]:
         return [encode_frame(self.open)]
+
+    def pixels(self, role: PixelRole, payload: Buffer) -> list[Buffer]:
+        """The wire buffers of an edit's ``image`` or ``mask`` (at the output size, uint8 row-major)."""
+        edit = self.open.edit
+        if edit is None or role not in edit.roles:
+            raise ValueError(f"the handoff was not opened with an edit {role}")
+        diffusion = self.open.diffusion
+        _, wire = encode_pixels(self.open.request_id, role, diffusion.height, diffusion.width, payload)
+        return wire
 
     def rows(self, stream: StreamName, start: int, token_ids: list[int], rows: torch.Tensor) -> list[Buffer]:
         """The wire buffers for ``rows`` (a host tensor [n, hidden]) starting at row ``start``."""

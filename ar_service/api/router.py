@@ -1,10 +1,12 @@
-"""FastAPI routes of the public API: authentication, the generation call, cancellation, SSE.
+"""FastAPI routes of the public API: generations, edits, served images, models; cancellation, SSE.
 
 A client that disconnects cancels its request, which aborts the engine runs and the DiT render.
 Refusals known before any work (404, 503, 400, 429) are HTTP statuses in both modes, so clients
 raise and retry them; in streaming mode the response is then an event stream (sse-starlette, with
 keep-alive comments so a proxy does not cut a long, silent render): partial images as they come,
 one completed event per image, and an ``error`` event for a failure after the stream started.
+Generations and edits differ only in how the request arrives (JSON, or a multipart form with the
+image) and in their event names (``image_generation.*``, ``image_edit.*``).
 """
 
 from __future__ import annotations
@@ -22,13 +24,19 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.background import BackgroundTask
 
 from ar_service.admission import AdmissionTicket, RequestAdmission
+from ar_service.api.edit_form import read_edit_form
 from ar_service.api.protocol import (
     CompletedEvent,
+    EventPrefix,
+    ImageEditRequest,
     ImageGenerationRequest,
+    ImageRequest,
     ImagesResponse,
     ModelCard,
     ModelList,
     PartialImageEvent,
+    RenderedPrompt,
+    RenderRequest,
 )
 from ar_service.api.serving import ImageServing
 from ar_service.image_generation import GenerationRequest, GenerationResult
@@ -50,6 +58,27 @@ _GENERATION_RESPONSES: dict[int | str, dict[str, Any]] = {
     },
     **error_responses(400, *_GATE, 404, 429, 503),
 }
+
+
+def _edit_form_schema() -> dict[str, Any]:
+    """The multipart body as the official client sends it: the request's fields as text parts, the
+    files as file parts. (``svg``'s bracketed parts, ``svg[model]``, are accepted but not listed.)"""
+    fields = ImageEditRequest.model_json_schema(ref_template="#/components/schemas/{model}")["properties"]
+    fields.pop("svg")
+    binary = {"type": "string", "format": "binary"}
+    files = {
+        "image": {**binary, "description": "The image to edit (PNG, JPEG or WebP); or send it as image[]."},
+        "image[]": {"type": "array", "items": binary, "maxItems": 16, "description": "One image, as a list."},
+        "mask": {**binary, "description": "PNG of the image's size; fully transparent pixels are repainted."},
+    }
+    return {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {"type": "object", "properties": {**fields, **files}, "required": ["prompt", "image"]}
+            }
+        },
+    }
 
 
 def build_router(serving: ImageServing, admission: RequestAdmission) -> APIRouter:
@@ -75,24 +104,56 @@ def build_router(serving: ImageServing, admission: RequestAdmission) -> APIRoute
             raise ApiError(404, "image not found or expired", code="not_found", param="name")
         return Response(image.data, media_type=image.media_type, headers={"cache-control": "private, max-age=60"})
 
+    @router.post("/v1/completions/render", responses=error_responses(*_GATE, 400, 404))
+    async def render(body: RenderRequest, request: Request) -> list[RenderedPrompt]:
+        """The token ids of an image request's templated prompt, as vLLM's own endpoint gives a
+        completion's: a prefix-aware router hashes exactly what this AR will cache."""
+        return serving.render(body, request.state.request_id)
+
     @router.post("/v1/images/generations", response_model=None, responses=_GENERATION_RESPONSES)
     async def generate(body: ImageGenerationRequest, request: Request) -> Response:
         received_at = time.perf_counter()
-        # Every refusal known before any work is an HTTP status, in stream mode too: 404 / 503 /
-        # 400, then 429 from admission (after waiting in the queue, if there is room to wait).
         gen, capacity = await serving.prepare(body, request.state.request_id, received_at)
+        return await serve(request, "image_generation", body, gen, capacity)
+
+    @router.post(
+        "/v1/images/edits",
+        response_model=None,
+        responses=_GENERATION_RESPONSES,
+        openapi_extra={"requestBody": _edit_form_schema()},
+    )
+    async def edit(request: Request) -> Response:
+        received_at = time.perf_counter()
+        form = await read_edit_form(request)
+        gen, capacity = await serving.prepare_edit(form, request.state.request_id, received_at)
+        return await serve(request, "image_edit", form.request, gen, capacity)
+
+    @router.post("/v1/images/variations", responses=error_responses(*_GATE, 404))
+    async def variations() -> Response:
+        raise ApiError(
+            404,
+            "image variations are not served here: ardit renders from text (a variation needs an image encoder "
+            "it does not have); use /v1/images/edits with a prompt",
+            code="unsupported_endpoint",
+        )
+
+    async def serve(
+        request: Request, prefix: EventPrefix, body: ImageRequest, gen: GenerationRequest, capacity: int
+    ) -> Response:
+        # Every refusal known before any work is an HTTP status, in stream mode too: 404 / 503 /
+        # 400 (from prepare), then 429 from admission (after waiting in the queue, if there is room).
         ticket = await cancel_on_disconnect(request, admission.admit(capacity))
         if body.stream:
-            events = stream_events(serving, ticket, body, gen)
+            events = stream_events(serving, ticket, prefix, body, gen)
             return EventSourceResponse(
                 events, ping=serving.settings.sse_keepalive_seconds, sep="\n", background=BackgroundTask(ticket.release)
             )
         try:
-            with serving.observed(received_at):
+            with serving.observed(gen.received_at):
                 result = await cancel_on_disconnect(request, serving.generate(gen))
         finally:
             ticket.release()
-        answer = serving.response(body, result, str(request.base_url))
+        answer = serving.response(body, gen, result, str(request.base_url))
         return JSONResponse(_json(answer), headers={"server-timing": server_timing(result.timings)})
 
     return router
@@ -121,7 +182,7 @@ async def cancel_on_disconnect(request: Request, work: Coroutine[Any, Any, T]) -
 
 
 async def stream_events(
-    serving: ImageServing, ticket: AdmissionTicket, body: ImageGenerationRequest, gen: GenerationRequest
+    serving: ImageServing, ticket: AdmissionTicket, prefix: EventPrefix, body: ImageRequest, gen: GenerationRequest
 ) -> AsyncIterator[ServerSentEvent]:
     """Partial images as they come, then one completed event per image; a failure after the
     stream started arrives as an ``error`` event (the status line is already sent)."""
@@ -134,15 +195,16 @@ async def stream_events(
                     getter = asyncio.ensure_future(partials.get())
                     done, _ = await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
                     if getter in done:
-                        yield sse(serving.partial_event(body, gen, getter.result()))
+                        yield sse(serving.partial_event(prefix, body, gen, getter.result()))
                     else:
                         getter.cancel()
                 result: GenerationResult = task.result()
             finally:
                 task.cancel()
-            for event in serving.completed_events(body, gen, result):
+            for event in serving.completed_events(prefix, body, gen, result):
                 yield sse(event)
     except ApiError as exc:
+        serving.metrics.app.count_error(exc)
         yield ServerSentEvent(event="error", data=json.dumps(exc.body()))
     finally:
         ticket.release()

@@ -27,6 +27,7 @@ from vllm.v1.engine.exceptions import EngineDeadError
 from ar_service.engine.connector import ROW_COUNT_KEY, ROW_QUEUE_KEY, HiddenStateConnector
 from ar_service.engine.row_channel import RowChannel, RowChunk, RowQueue
 from ar_service.settings import ArSettings
+from services.tracing import current_traceparent, otlp_traces_endpoint
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -157,6 +158,8 @@ class HiddenStateEngine:
             )
             if s.kv_events_publisher == "zmq"
             else None,
+            # vLLM's own request spans (queue, prefill, decode times) join ardit's traces when OTLP is on.
+            otlp_traces_endpoint=otlp_traces_endpoint(),
             **extra,
         )
         started = time.perf_counter()
@@ -301,9 +304,15 @@ class _EngineRun:
         prompt: dict = {"prompt_token_ids": self.request.prompt_token_ids}
         if self.request.cache_salt:
             prompt["cache_salt"] = self.request.cache_salt
+        # vLLM warns about every trace context it gets while its tracing is off.
+        traced = self._engine.observability_config.otlp_traces_endpoint is not None
+        traceparent = current_traceparent() if traced else None
+        trace_headers = {"traceparent": traceparent} if traceparent else None
         self.submitted_at = time.perf_counter()
         try:
-            async for output in self._engine.generate(prompt, self.params, request_id=self.request.engine_request_id):
+            async for output in self._engine.generate(
+                prompt, self.params, request_id=self.request.engine_request_id, trace_headers=trace_headers
+            ):
                 new = output.outputs[0].token_ids if output.outputs else []
                 if new and self.first_token_at is None:
                     self.first_token_at = time.perf_counter()

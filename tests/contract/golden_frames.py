@@ -1,7 +1,8 @@
 """The golden handoff: a small fixed stream whose bytes are committed under golden/.
 
 The test re-encodes these frames and compares byte for byte, so any change to the wire format
-shows up as a failing test. Regenerate only on purpose (a schema change), with:
+shows up as a failing test. One stream per row dtype (text to image, with CFG), and one image edit
+(open.edit, the image and mask pixels frames). Regenerate only on purpose (a schema change), with:
 
     python -m tests.contract.golden_frames --write
 """
@@ -14,7 +15,7 @@ from pathlib import Path
 import torch
 
 from shared.frame_codec import Buffer
-from shared.frames import DiffusionParams, OpenFrame, StreamSpec
+from shared.frames import DiffusionParams, EditSpec, OpenFrame, StreamSpec
 from shared.handoff_encoder import HandoffEncoder
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
@@ -62,19 +63,65 @@ def golden_stream(dtype: torch.dtype) -> list[list[Buffer]]:
     ]
 
 
-def golden_bytes(dtype: torch.dtype) -> bytes:
-    return b"".join(bytes(buf) for group in golden_stream(dtype) for buf in group)
+# The edit golden's image: 2 x 4 pixels.
+EDIT_HEIGHT, EDIT_WIDTH = 2, 4
 
 
-def golden_path(dtype: torch.dtype) -> Path:
-    return GOLDEN_DIR / f"handoff_{str(dtype).removeprefix('torch.')}.msgpack"
+def golden_edit_pixels() -> tuple[bytes, bytes]:
+    """The edit golden's image (RGB, values 0, 9, 18, ...) and mask (the right half repainted)."""
+    image = bytes(range(0, 9 * EDIT_HEIGHT * EDIT_WIDTH * 3, 9))
+    mask = bytes([0, 0, 255, 255] * EDIT_HEIGHT)
+    return image, mask
+
+
+def golden_edit_stream() -> list[list[Buffer]]:
+    """open (with edit), pixels (image, mask), rows (cond), close."""
+    open_frame = OpenFrame(
+        request_id="req_golden_edit",
+        model="smollm2-135m-instruct",
+        conditioning="qwen_image",
+        dtype="float32",
+        hidden_size=HIDDEN,
+        layer=30,
+        final_norm=True,
+        streams={"cond": StreamSpec(prompt_tokens=3, max_rows=3, prefix_tokens=1)},
+        diffusion=DiffusionParams(
+            width=EDIT_WIDTH, height=EDIT_HEIGHT, num_inference_steps=4, guidance_scale=1.0, seed=7
+        ),
+        edit=EditSpec(strength=0.5, mask=True),
+    )
+    enc = HandoffEncoder(open_frame)
+    image, mask = golden_edit_pixels()
+    return [
+        enc.open_frame(),
+        enc.pixels("image", image),
+        enc.pixels("mask", mask),
+        enc.rows("cond", 0, [11, 12, 13], golden_rows(torch.float32, 3)),
+        enc.close(
+            token_ids={"cond": [11, 12, 13, 14]},
+            answer_start_index={"cond": 3},
+            cached_tokens=0,
+            cache_creation_tokens=3,
+        ),
+    ]
+
+
+def golden_bytes(dtype: torch.dtype | None) -> bytes:
+    """A row dtype's stream, or (None) the edit's."""
+    stream = golden_edit_stream() if dtype is None else golden_stream(dtype)
+    return b"".join(bytes(buf) for group in stream for buf in group)
+
+
+def golden_path(dtype: torch.dtype | None) -> Path:
+    name = "edit" if dtype is None else str(dtype).removeprefix("torch.")
+    return GOLDEN_DIR / f"handoff_{name}.msgpack"
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--write", action="store_true", help="overwrite the committed golden files")
     args = parser.parse_args()
-    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+    for dtype in (torch.bfloat16, torch.float16, torch.float32, None):
         data = golden_bytes(dtype)
         if args.write:
             golden_path(dtype).write_bytes(data)

@@ -11,7 +11,7 @@ import torch
 from shared import errors
 from shared.checksum import payload_checksum, stream_checksum
 from shared.frame_codec import FrameLimits, decode_frame, encode_rows
-from shared.frames import SCHEMA_VERSION
+from shared.frames import SCHEMA_VERSION, frame_header
 from shared.handoff_assembler import AssemblyCaps, HandoffReceiver
 from shared.handoff_encoder import HandoffEncoder
 from shared.tensor_codec import tensor_bytes, token_ids_to_bytes
@@ -410,6 +410,36 @@ def test_prefix_tokens_travel_in_open_and_are_optional_on_the_wire(encoder, rows
     receiver = HandoffReceiver()
     receiver.feed(raw(with_prefix))
     assert receiver.assembler.open is not None and receiver.assembler.open.streams["cond"].prefix_tokens == 2
+
+
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def test_traceparent_travels_in_open_and_is_optional_on_the_wire():
+    assert "traceparent" not in frame_header(make_open())  # no trace, no key: the golden bytes hold
+    receiver = HandoffReceiver()
+    receiver.feed(raw(make_open().model_dump(exclude_none=True) | {"traceparent": TRACEPARENT}))
+    assert receiver.assembler.open is not None and receiver.assembler.open.traceparent == TRACEPARENT
+
+
+@pytest.mark.parametrize(
+    "traceparent",
+    [
+        "0af7651916cd43dd8448eb211c80319c",
+        "00-0AF7651916CD43DD8448EB211C80319C-B7AD6B7169203331-01",
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b716920333-01",
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-has a space",
+    ],
+)
+def test_reject_a_traceparent_that_is_not_w3c(traceparent):
+    expect(errors.MalformedFrame, raw(make_open().model_dump(exclude_none=True) | {"traceparent": traceparent}))
+
+
+def test_a_later_traceparent_version_may_append_fields():
+    later = "01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-extra"
+    receiver = HandoffReceiver()
+    receiver.feed(raw(make_open().model_dump(exclude_none=True) | {"traceparent": later}))
+    assert receiver.assembler.open is not None and receiver.assembler.open.traceparent == later
 
 
 def test_reject_prefix_longer_than_the_prompt():

@@ -1,6 +1,7 @@
-"""The Grafana dashboard and provisioning load as shipped: the dashboard names the provisioned
-datasource by its pinned uid (no import step), charts what the operations issue asked for, and
-queries only families the services export."""
+"""The Grafana dashboards load as shipped: both files are what deploy/grafana/build_dashboards.py
+generates, the provisioned one names the provisioned datasource by its pinned uid (no import step),
+the importable one a ``${datasource}`` variable; they chart what the operations issues asked for,
+and query only families the services export."""
 
 from __future__ import annotations
 
@@ -13,13 +14,21 @@ from ar_service.metrics import ArMetrics
 from dit_service.metrics import DitMetrics
 from tests.deploy.dashboard import (
     CHARTED_FAMILIES,
+    CUDA_ONLY_FAMILIES,
     DASHBOARDS,
     DATASOURCE,
+    DATASOURCE_VARIABLE,
+    IMPORTABLE,
+    PROVISIONED,
     ROOT,
+    VARIABLE,
+    charts,
     expressions,
     load,
+    load_builder,
     metric_names,
     targets,
+    variables,
 )
 
 PROVISIONING = ROOT / "deploy" / "grafana" / "provisioning"
@@ -29,6 +38,8 @@ SAMPLE_SUFFIXES = {
     "histogram": ("_bucket", "_sum", "_count"),
     "info": ("_info",),
 }
+# Grafana's own variables the queries use (expanded by Grafana, by the scrape test for Prometheus).
+GRAFANA_BUILTINS = {"__rate_interval", "__range"}
 
 
 def walk(node, key: str) -> Iterator:
@@ -45,11 +56,14 @@ def walk(node, key: str) -> Iterator:
 
 def exported_sample_names() -> set[str]:
     registry = CollectorRegistry()
-    ArMetrics(registry)
-    DitMetrics(registry)
+    ar, dit = ArMetrics(registry), DitMetrics(registry)
+    # The CUDA-only gauges are not registered without CUDA; they are ardit's all the same.
+    gpu = {dit.gpu_memory_allocated_bytes, dit.gpu_memory_reserved_bytes}
+    assert ar
+    families = [*registry.collect(), *(family for gauge in gpu for family in gauge.collect())]
     return {
         family.name + suffix
-        for family in registry.collect()
+        for family in families
         if family.name.startswith("ardit_")
         for suffix in SAMPLE_SUFFIXES[family.type]
     }
@@ -62,43 +76,78 @@ def grafana_mount(target: str) -> str:
     return source
 
 
-def test_every_panel_queries_prometheus():
+def test_committed_dashboards_are_what_the_builder_generates():
+    assert load_builder().main(["--check"]) == 0, "run python deploy/grafana/build_dashboards.py"
+
+
+def test_every_chart_queries_prometheus_with_distinct_ids():
     dashboard = load()
-    assert dashboard["panels"]
-    for panel in dashboard["panels"]:
+    assert charts(dashboard)
+    for panel in charts(dashboard):
         assert panel["targets"], panel["title"]
         assert all(target["expr"].strip() for target in panel["targets"]), panel["title"]
         ref_ids = [target["refId"] for target in panel["targets"]]
-        assert len(ref_ids) == len(set(ref_ids)), panel["title"]
+        assert all(ref_ids) and len(ref_ids) == len(set(ref_ids)), panel["title"]
+        assert panel["description"], panel["title"]
     ids = [panel["id"] for panel in dashboard["panels"]]
-    assert len(ids) == len(set(ids))
+    assert all(ids) and len(ids) == len(set(ids))
 
 
-def test_every_datasource_is_the_pinned_uid():
-    dashboard = load()
+def test_provisioned_dashboard_uses_the_pinned_datasource_everywhere():
+    dashboard = load(PROVISIONED)
     references = list(walk(dashboard, "datasource"))
-    assert len(references) == len(dashboard["panels"]) + sum(1 for _ in targets(dashboard))
+    assert len(references) == len(charts(dashboard)) + sum(
+        1 for v in variables(dashboard).values() if v["type"] == "query"
+    )
     assert all(reference == DATASOURCE for reference in references)
+    assert "datasource" not in variables(dashboard)
 
 
-def test_no_import_placeholders():
-    text = (DASHBOARDS / "ardit.json").read_text()
-    assert "__inputs" not in text and "${DS_" not in text
+def test_importable_dashboard_asks_for_a_prometheus_datasource():
+    dashboard = load(IMPORTABLE)
+    chooser = variables(dashboard)["datasource"]
+    assert (chooser["type"], chooser["query"]) == ("datasource", "prometheus")
+    references = [reference for reference in walk(dashboard, "datasource") if isinstance(reference, dict)]
+    assert references and all(reference == DATASOURCE_VARIABLE for reference in references)
+    text = IMPORTABLE.read_text()
+    assert "__inputs" not in text and "${DS_" not in text and DATASOURCE["uid"] not in text
 
 
-def test_uses_only_grafana_variables_the_scrape_test_can_expand():
-    assert not any("$" in expr for expr in expressions(load()))
+def test_both_dashboards_chart_the_same_queries():
+    provisioned, importable = load(PROVISIONED), load(IMPORTABLE)
+    assert expressions(provisioned) == expressions(importable)
+    assert [p["title"] for p in provisioned["panels"]] == [p["title"] for p in importable["panels"]]
 
 
-def test_charts_every_family_the_issue_asks_for():
+def test_queries_use_only_defined_variables_and_every_instance_variable_filters():
+    dashboard = load()
+    defined = set(variables(dashboard)) | GRAFANA_BUILTINS
+    used = {name for expr in expressions(dashboard) for name in VARIABLE.findall(expr)}
+    used |= {name for v in variables(dashboard).values() for name in VARIABLE.findall(str(v.get("query", "")))}
+    assert used <= defined
+    assert {"ar_instance", "dit_instance", "model"} <= used
+    for variable in variables(dashboard).values():
+        assert variable["multi"] and variable["includeAll"] and variable["current"]["value"] == ["$__all"]
+
+
+def test_charts_every_family_the_issues_ask_for():
     queried = set().union(*(metric_names(expr) for expr in expressions(load())))
     assert set(CHARTED_FAMILIES) <= queried
+    assert queried >= CUDA_ONLY_FAMILIES
 
 
 def test_queries_only_families_the_services_export():
     queried = set().union(*(metric_names(expr) for expr in expressions(load())))
     ardit = {name for name in queried if name.startswith("ardit_")}
     assert ardit <= exported_sample_names()
+
+
+def test_stats_are_instant_and_heatmaps_read_buckets():
+    for panel, target in targets(load()):
+        if panel["type"] in ("stat", "table"):
+            assert target["instant"] is True, panel["title"]
+        if panel["type"] == "heatmap":
+            assert target["format"] == "heatmap" and "_bucket{" in target["expr"], panel["title"]
 
 
 def test_provisioned_datasource_is_the_one_the_dashboard_uses():
@@ -114,3 +163,5 @@ def test_dashboard_provider_reads_where_compose_mounts_the_dashboards():
     assert provider["type"] == "file"
     assert (ROOT / grafana_mount(provider["options"]["path"])).resolve() == DASHBOARDS
     assert (ROOT / grafana_mount("/etc/grafana/provisioning")).resolve() == PROVISIONING
+    # Only the provisioned copy is loaded: the importable one would be a second dashboard with the same uid.
+    assert [path.name for path in DASHBOARDS.iterdir()] == ["ardit.json"]

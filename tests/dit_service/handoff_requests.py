@@ -46,6 +46,7 @@ def open_frame(
     max_rows: int | None = None,
     request_id: str = "req_test",
     prefix_tokens: int | None = 0,
+    traceparent: str | None = None,
 ) -> OpenFrame:
     streams = {"cond": StreamSpec(prompt_tokens=cond_rows, max_rows=max_rows or cond_rows, prefix_tokens=prefix_tokens)}
     if uncond_rows is not None:
@@ -62,6 +63,7 @@ def open_frame(
         final_norm=final_norm,
         streams=streams,
         diffusion=diffusion or params(),
+        traceparent=traceparent,
     )
 
 

@@ -17,8 +17,8 @@ from tests.support.live_server import LiveServer
 
 REQUIRED_FAMILIES = [
     "ardit_dit_handoffs_in_flight",
-    "ardit_dit_handoff_bytes_received_total",
-    "ardit_dit_handoff_frames_received_total",
+    "ardit_dit_handoff_received_bytes_total",
+    "ardit_dit_handoff_received_frames_total",
     "ardit_dit_handoff_receive_seconds_bucket",
     "ardit_dit_handoff_buffer_bytes",
     "ardit_dit_queue_wait_seconds_bucket",

@@ -14,7 +14,7 @@ from PIL import Image
 from dit_service.app import create_dit_app
 from dit_service.settings import DitSettings
 from shared.frame_codec import encode_frame, encode_rows
-from shared.frames import SCHEMA_VERSION, CloseFrame, StreamTotals, frame_header
+from shared.frames import SCHEMA_VERSION, CloseFrame, EditSpec, StreamTotals, frame_header
 from shared.handoff_encoder import HandoffEncoder
 from shared.tensor_codec import token_ids_to_bytes
 from tests.dit_service.handoff_requests import (
@@ -83,6 +83,45 @@ def test_out_of_order_row_frames_assemble_to_the_same_image(dit_server):
     reversed_ = post_handoff(dit_server.url, complete_handoff(rows, frame_rows=5, reverse=True))
     assert in_order.status == reversed_.status == 200
     assert in_order.images[0].data == reversed_.images[0].data
+
+
+def edit_handoff(*, mask: bool, send_mask: bool = True, width: int = 32, height: int = 32) -> list[bytes]:
+    """An edit as the AR sends it: open (with edit), the image and mask pixels, rows, close."""
+    opened = open_frame(ROWS, diffusion=params(width=width, height=height)).model_copy(
+        update={"edit": EditSpec(strength=0.75, mask=mask)}
+    )
+    encoder = HandoffEncoder(opened)
+    parts = list(encoder.open_frame()) + encoder.pixels("image", bytes(range(256)) * (width * height * 3 // 256))
+    if mask and send_mask:
+        parts += encoder.pixels("mask", bytes([0, 255]) * (width * height // 2))
+    parts += encoder.rows("cond", 0, token_ids(ROWS), hidden_rows(ROWS))
+    parts += encoder.close({"cond": token_ids(ROWS)}, {"cond": ROWS}, cached_tokens=0, cache_creation_tokens=0)
+    return [bytes(p) for p in parts]
+
+
+@pytest.mark.parametrize("mask", [False, True], ids=["img2img", "inpaint"])
+def test_an_edit_handoff_renders_from_its_image(dit_server, mask):
+    answer = post_handoff(dit_server.url, edit_handoff(mask=mask, width=48, height=32))
+    assert answer.status == 200, answer.error
+    assert answer.kinds == ["image", "done"] and image_of(answer.images[0]).size == (48, 32)
+    assert_released(dit_server.url)
+
+
+def test_an_edit_without_its_announced_mask_is_refused_and_releases_memory(dit_server):
+    answer = post_handoff(dit_server.url, edit_handoff(mask=True, send_mask=False))
+    assert answer.status == 400 and answer.error["code"] == "missing_pixels"
+    assert_released(dit_server.url)
+
+
+def test_an_edit_over_the_pixel_limit_allocates_nothing(dit_server):
+    # The DiT's max_pixels caps an edit's image before any pixel memory exists.
+    side = int(DitSettings().max_pixels ** 0.5) + 16
+    opened = open_frame(ROWS, diffusion=params(width=side, height=side)).model_copy(
+        update={"edit": EditSpec(strength=0.5)}
+    )
+    answer = post_handoff(dit_server.url, [bytes(p) for p in HandoffEncoder(opened).open_frame()])
+    assert answer.status == 413 and answer.error["code"] == "allocation_too_large"
+    assert_released(dit_server.url)
 
 
 def test_body_sent_in_tiny_chunks_is_reassembled(dit_server):

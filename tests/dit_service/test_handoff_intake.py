@@ -70,7 +70,7 @@ def test_rows_are_accounted_while_held_and_released_after():
 
     asyncio.run(run())
     assert gauge(metrics, "handoff_buffer_bytes") == 0
-    assert metrics.handoff_frames_received._value.get() == 3
+    assert metrics.handoff_received_frames._value.get() == 3
     assert metrics.handoff_receive_seconds._sum.get() > 0
 
 

@@ -6,12 +6,15 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.dit_service.handoff_requests import AR_MODEL, complete_handoff, handoff_headers, hidden_rows, post_handoff
+from tests.support.otlp_collector import OtlpCollector
 from tests.support.ports import free_port
 
 pytestmark = pytest.mark.slow
@@ -19,16 +22,19 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_module_entrypoint_serves_handoffs(tiny_checkpoint):
+@contextmanager
+def dit_process(checkpoint: Path, **environment: str) -> Iterator[str]:
+    """``python -m dit_service`` with ``environment`` added, ready; yields its URL."""
     port = free_port()
     env = {
         **os.environ,
         "PYTHONPATH": str(REPO),
-        "ARDIT_DIT_MODEL_DIR": str(tiny_checkpoint),
+        "ARDIT_DIT_MODEL_DIR": str(checkpoint),
         "ARDIT_DIT_PORT": str(port),
         "ARDIT_DIT_TORCH_THREADS": "1",
         "ARDIT_DIT_EXPECTED_MODEL": AR_MODEL,
         "ARDIT_HANDOFF_TOKEN": "from-env",
+        **environment,
     }
     process = subprocess.Popen(
         [sys.executable, "-m", "dit_service"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
@@ -45,8 +51,7 @@ def test_module_entrypoint_serves_handoffs(tiny_checkpoint):
                 pass
             assert time.monotonic() < deadline, "not ready in time"
             time.sleep(0.2)
-        answer = post_handoff(url, complete_handoff(hidden_rows(6)), headers=handoff_headers("from-env"))
-        assert answer.status == 200 and answer.kinds == ["image", "done"]
+        yield url
     finally:
         process.terminate()
         process.wait(timeout=30)
@@ -65,3 +70,39 @@ def test_a_model_that_cannot_load_makes_the_process_exit_non_zero(tmp_path):
     )
     assert finished.returncode == 3, finished.stderr.decode()[-2000:]
     assert b"model load failed" in finished.stderr and time.monotonic() - started < 120
+
+
+def test_module_entrypoint_serves_handoffs(tiny_checkpoint):
+    with dit_process(tiny_checkpoint) as url:
+        answer = post_handoff(url, complete_handoff(hidden_rows(6)), headers=handoff_headers("from-env"))
+    assert answer.status == 200 and answer.kinds == ["image", "done"]
+
+
+def test_otel_variables_send_the_handoff_spans_to_a_collector_in_the_senders_trace(tiny_checkpoint):
+    trace_id, sender_span = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    with OtlpCollector() as collector:
+        environment = {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": collector.url,
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+            "OTEL_BSP_SCHEDULE_DELAY": "100",
+        }
+        with dit_process(tiny_checkpoint, **environment) as url:
+            parts = complete_handoff(hidden_rows(6), traceparent=f"00-{trace_id}-{sender_span}-01")
+            assert post_handoff(url, parts, headers=handoff_headers("from-env")).status == 200
+            deadline = time.monotonic() + 30
+            while len(collector.spans) < 6 and time.monotonic() < deadline:
+                time.sleep(0.1)
+    spans = {span.name: span for span in collector.spans}
+    assert set(spans) == {
+        "ardit.dit.handoff",
+        "ardit.dit.receive",
+        "ardit.dit.queue",
+        "ardit.dit.denoise",
+        "ardit.dit.vae_decode",
+        "ardit.dit.encode",
+    }
+    assert {span.trace_id for span in collector.spans} == {trace_id}
+    assert {span.service for span in collector.spans} == {"ardit-dit"}
+    handoff = spans.pop("ardit.dit.handoff")
+    assert handoff.parent_span_id == sender_span
+    assert all(span.parent_span_id == handoff.span_id for span in spans.values())

@@ -16,6 +16,7 @@ from dit_service.admission import AdmissionControl
 from dit_service.conditioning import Conditioning
 from dit_service.metrics import DitMetrics
 from dit_service.pipeline_runner import RenderCancelled, RenderJob, RenderTimings
+from dit_service.render_scheduler import RenderScheduler
 from dit_service.result_stream import ResultStream
 from services.errors import ApiError
 from services.fatal import Fatal
@@ -40,10 +41,12 @@ def result_stream(
     fatal: Fatal | None = None,
     progress_interval: float = 60.0,
 ) -> ResultStream:
+    metrics = metrics or DitMetrics(CollectorRegistry())
+    # Batching off: the scheduler hands each job to ``runner`` alone (the batch runner is never used).
+    scheduler = RenderScheduler(runner, None, admission.run_slots, metrics, max_batch_size=1, window=0.0)  # type: ignore[arg-type]
     return ResultStream(
-        runner,
-        admission.run_slots,
-        metrics or DitMetrics(CollectorRegistry()),
+        scheduler,
+        metrics,
         fatal or Fatal(),
         progress_interval=progress_interval,
         max_consecutive_failures=2,

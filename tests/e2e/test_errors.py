@@ -10,8 +10,8 @@ import openai
 import pytest
 from openai import OpenAI
 
-from ar_service.dit_peer import DitPeer
 from tests.conftest import API_KEY
+from tests.support.dit_pools import dit_pool, using_dits
 from tests.support.ports import free_port
 
 pytestmark = pytest.mark.slow
@@ -102,20 +102,13 @@ def test_health_on_both_and_503_while_the_dit_is_not_ready(stack, client):
     for url in (stack.ar.url, stack.dit.url):
         assert httpx.get(f"{url}/healthz").json() == {"status": "ok"}
         assert httpx.get(f"{url}/readyz").status_code == 200
-    readiness = stack.runtime.readiness
-    healthy = readiness.peer
     # A DiT nobody listens for: the AR's probe finds it unreachable.
-    readiness.peer = DitPeer(
-        httpx.AsyncClient(base_url=f"http://127.0.0.1:{free_port()}"), hidden_size=576, conditioning="qwen_image"
-    )
-    try:
+    with using_dits(stack, dit_pool(stack, f"http://127.0.0.1:{free_port()}")):
         body = httpx.get(f"{stack.ar.url}/readyz")
         assert body.status_code == 503 and "unreachable" in body.json()["reason"]
         with pytest.raises(openai.InternalServerError) as info:
             client.images.generate(prompt="x", size="64x64", extra_body={"num_inference_steps": 2})
         assert info.value.status_code == 503 and info.value.body["code"] == "not_ready"
-    finally:
-        readiness.peer = healthy
     assert httpx.get(f"{stack.ar.url}/readyz").status_code == 200
 
 

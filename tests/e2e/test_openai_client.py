@@ -97,15 +97,38 @@ def test_repeated_prompt_is_served_from_the_prefix_cache(client):
     assert first.data[0].b64_json == second.data[0].b64_json
 
 
-def test_url_response_format_serves_the_image(client, stack):
+def test_url_response_format_serves_the_image_to_whoever_holds_the_url(client, stack):
     result = client.images.generate(
         prompt="a cactus", size="64x64", response_format="url", extra_body={"seed": 2, **FAST}
     )
     url = result.data[0].url
     assert url.startswith(stack.ar.url) and "/v1/images/img_" in url
-    fetched = httpx.get(url, headers={"authorization": f"Bearer {API_KEY}"})
+    fetched = httpx.get(url)  # no API key: the unguessable URL is the capability
     assert fetched.status_code == 200 and fetched.headers["content-type"] == "image/png"
     assert Image.open(io.BytesIO(fetched.content)).size == (64, 64)
+    # A name that was never issued (or has expired) is a JSON 404, with or without a key.
+    missing = httpx.get(f"{stack.api_base}/images/img_{'A' * 24}.png")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+
+
+def test_the_newest_generation_fields_are_accepted(client):
+    result = client.images.generate(
+        prompt="a kite",
+        size="64x64",
+        safety_identifier="user-hash-1",
+        user="legacy-user",
+        moderation="low",
+        style="vivid",
+        complexity="high",
+        frame_count=4,
+        frame_duration_ms=120,
+        svg={"model": "any", "reasoning": {"effort": "low"}},
+        quality="low",
+        extra_body={"seed": 3, **FAST},
+    )
+    assert result.safety_identifier == "user-hash-1" and result.quality == "low"
+    plain = client.images.generate(prompt="a kite", size="64x64", quality="low", extra_body={"seed": 3, **FAST})
+    assert result.data[0].b64_json == plain.data[0].b64_json  # accepted, and nothing here depends on them
 
 
 def test_jpeg_and_webp_output(client):
@@ -133,6 +156,7 @@ def test_streaming_partial_then_completed(client):
     assert png(partials[0].b64_json).size == (64, 64)
     completed = events[-1]
     assert png(completed.b64_json).size == (64, 64) and completed.usage.input_tokens > 0
+    assert {e.size for e in events} == {"64x64"}  # the rendered size: strict mode takes any WIDTHxHEIGHT
 
 
 def test_models_endpoints(client):

@@ -66,7 +66,7 @@ def nothing_in_flight(pair: Pair) -> bool:
     return not any(
         (
             sample(pair.ar_url, "ardit_ar_requests_in_flight"),
-            sample(pair.ar_url, "ardit_handoffs_in_flight"),
+            sample(pair.ar_url, "ardit_ar_handoffs_in_flight"),
             sample(pair.dit_url, "ardit_dit_handoffs_in_flight"),
             sample(pair.dit_url, "ardit_dit_pipeline_runs_in_flight"),
         )
@@ -132,7 +132,7 @@ def test_a_dead_engine_is_noticed_the_ar_exits_and_comes_back(pair):
     [core] = [p for p in ar.children(recursive=True) if "EngineCore" in p.name() + " ".join(p.cmdline())]
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         pending = pool.submit(pair.generate, 120.0, max_new_tokens=200)  # decoding for many seconds
-        wait_for(lambda: sample(pair.ar_url, "ardit_handoffs_in_flight") == 1, 60, "the request is decoding")
+        wait_for(lambda: sample(pair.ar_url, "ardit_ar_handoffs_in_flight") == 1, 60, "the request is decoding")
         time.sleep(0.5)
         core.send_signal(signal.SIGKILL)
         killed_at = time.monotonic()

@@ -11,6 +11,7 @@ import pytest
 from fastapi import FastAPI, Request
 
 from services.app import Readiness, create_app
+from services.app_metrics import AppMetrics
 from services.auth import BearerAuth
 from services.metrics import new_registry
 from services.request_gate import RequestGate
@@ -25,11 +26,14 @@ def build() -> FastAPI:
         return Readiness(True, "ready")
 
     auth = BearerAuth([KEY], what="API key", missing_code="missing_api_key", invalid_code="invalid_api_key")
+    registry = new_registry()
+    metrics = AppMetrics(registry, "gate")
     app = create_app(
         "gate test",
         lifespan=None,
         readiness=ready,
-        registry=new_registry(),
+        registry=registry,
+        app_metrics=metrics,
         gate=lambda inner: RequestGate(
             inner,
             auth=auth,
@@ -37,8 +41,19 @@ def build() -> FastAPI:
             body_timeout=0.5,
             open_paths=("/healthz",),
             own_auth_prefixes=("/admin/",),
+            on_refusal=metrics.count_error,
+            open_get_prefixes=("/files/",),
+            path_body_bytes={"/upload": 5000},
         ),
     )
+
+    @app.post("/upload")
+    async def upload(request: Request) -> dict[str, int]:
+        return {"bytes": len(await request.body())}
+
+    @app.api_route("/files/{name}", methods=["GET", "POST"])
+    async def file(name: str) -> dict[str, str]:
+        return {"file": name}
 
     @app.post("/echo")
     async def echo(request: Request) -> dict[str, int]:
@@ -111,3 +126,16 @@ def test_a_body_that_does_not_arrive_is_a_408_after_the_deadline(server):
         sock.settimeout(5)
         answer = sock.recv(200)
     assert answer.startswith(b"HTTP/1.1 408") and time.monotonic() - started < 2
+
+
+def test_a_path_with_its_own_cap_takes_larger_bodies_and_no_more(server):
+    headers = {"authorization": f"Bearer {KEY}"}
+    assert httpx.post(f"{server.url}/upload", content=b"x" * 5000, headers=headers).json() == {"bytes": 5000}
+    assert httpx.post(f"{server.url}/upload", content=b"x" * 5001, headers=headers).status_code == 413
+    assert post(server, b"x" * 1001).status_code == 413  # the other paths keep the general cap
+
+
+def test_gets_under_an_open_prefix_need_no_key_other_methods_do(server):
+    assert httpx.get(f"{server.url}/files/img_1.png").json() == {"file": "img_1.png"}
+    assert httpx.post(f"{server.url}/files/img_1.png").status_code == 401
+    assert httpx.get(f"{server.url}/echo").status_code == 401

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from openai.types.image_edit_params import ImageEditParamsBase
+from openai.types.image_generate_params import ImageGenerateParamsBase
 from pydantic import ValidationError
 
-from ar_service.api.protocol import ImageGenerationRequest
+from ar_service.api.edit_form import FILE_PARTS
+from ar_service.api.protocol import ImageEditRequest, ImageGenerationRequest
 
 
 def parse(**body):
@@ -41,3 +44,21 @@ def test_numbers_are_json_numbers():
 def test_quality_is_echoed_only_where_openai_echoes_it():
     assert parse(quality="high").echoed_quality == "high"
     assert parse(quality="auto").echoed_quality is None
+
+
+def test_every_field_of_the_clients_image_generate_params_is_known():
+    assert set(ImageGenerateParamsBase.__annotations__) | {"stream"} <= set(ImageGenerationRequest.model_fields)
+
+
+def test_every_field_of_the_clients_image_edit_params_is_known():
+    fields = set(ImageEditRequest.model_fields) | {"stream"} | set(FILE_PARTS)
+    assert set(ImageEditParamsBase.__annotations__) <= fields
+
+
+@pytest.mark.parametrize(
+    "body",
+    [{"frame_count": "4"}, {"frame_count": 1}, {"complexity": "extreme"}, {"svg": {"model": 3}}, {"svg": {"x": 1}}],
+)
+def test_the_newest_fields_are_typed_too(body):
+    with pytest.raises(ValidationError):
+        parse(**body)

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 
-from ar_service.api.protocol import ImageGenerationRequest
-from ar_service.api.serving import ImageServing, map_failures
+from ar_service.api.edit_form import EditForm, Upload
+from ar_service.api.protocol import ImageEditRequest, ImageGenerationRequest
+from ar_service.api.serving import STRENGTH_BY_FIDELITY, ImageServing, edit_strength, map_failures
 from ar_service.engine.row_channel import RowQueueOverflow
 from ar_service.handoff_client import DitBusy, DitRejected, DitUnavailable
-from ar_service.image_generation import PromptTooLong
+from ar_service.image_generation import EditInput, PromptTooLong
+from ar_service.input_images import EditPixels
 from ar_service.settings import ArSettings
 from services.errors import ApiError
 from shared.capabilities import DiffusionDefaults, DiffusionLimits, DitCapabilities, DitCapacity
+from shared.frames import EditSpec
 
 DIT = DitCapabilities(
     model="qwen-image-tiny",
@@ -120,3 +124,59 @@ def test_failures_below_the_api_map_to_openai_errors(failure, status, code):
 def test_anything_unmapped_passes_through():
     with pytest.raises(KeyError), map_failures():
         raise KeyError("not ours")
+
+
+def test_the_newest_fields_are_accepted_and_change_nothing_here():
+    plain = translate(seed=1)
+    newest = translate(
+        seed=1,
+        safety_identifier="hash",
+        user="u",
+        moderation="low",
+        style="natural",
+        complexity="high",
+        frame_count=4,
+        frame_duration_ms=100,
+        svg={"model": "m", "reasoning": {"effort": "low"}},
+    )
+    assert newest.diffusion == plain.diffusion
+
+
+@pytest.mark.parametrize("fmt", ["gif", "svg"])
+def test_output_formats_this_model_cannot_make_are_refused(fmt):
+    error = refused(output_format=fmt)
+    assert (error.param, error.code) == ("output_format", "unsupported_value")
+
+
+def test_the_safety_identifier_echoed_is_openais_effective_one():
+    def effective(**body: Any) -> str | None:
+        return ImageGenerationRequest.model_validate({"prompt": "x", **body}).effective_safety_identifier
+
+    assert effective(safety_identifier="s", user="u") == "s"
+    assert effective(safety_identifier="", user="u") == "u"
+    assert effective() is None
+
+
+def edit_request(**body: Any) -> ImageEditRequest:
+    return ImageEditRequest.model_validate({"prompt": "x", **body})
+
+
+def test_edit_strength_is_given_or_follows_input_fidelity():
+    assert edit_strength(edit_request(strength=0.9, input_fidelity="high")) == 0.9
+    assert edit_strength(edit_request(input_fidelity="high")) == STRENGTH_BY_FIDELITY["high"]
+    assert edit_strength(edit_request()) == edit_strength(edit_request(input_fidelity="low")) == 0.6
+
+
+def test_an_edit_takes_its_size_from_its_pixels():
+    pixels = EditPixels(width=96, height=32, image=bytes(96 * 32 * 3), mask=None)
+    request = edit_request(size="auto", n=2)
+    gen = serving().to_generation(request, "req_1", 0.0, DIT, EditInput(EditSpec(strength=0.5), pixels))
+    assert (gen.diffusion.width, gen.diffusion.height, gen.diffusion.num_images) == (96, 32, 2)
+    assert gen.edit is not None and gen.edit.frames == {"image": pixels.image}
+
+
+def test_an_edit_of_several_images_is_refused_before_anything_else():
+    form = EditForm(edit_request(), [Upload("a.png", b"a"), Upload("b.png", b"b")], None)
+    with pytest.raises(ApiError) as info:
+        asyncio.run(serving().prepare_edit(form, "req_1", 0.0))  # no readiness needed: refused first
+    assert (info.value.status, info.value.param, info.value.code) == (400, "image", "unsupported_value")

@@ -1,0 +1,149 @@
+"""DiT request batching: images per minute at concurrency 1, 4 and 8, with and without batching.
+
+Two DiT processes (``python -m dit_service``) on the same model, one with batching off
+(``ARDIT_DIT_BATCH_MAX_SIZE=1``, the default) and one on (``--batch-size``, window ``--window-ms``),
+each given the same pipeline queue so concurrency 8 is admitted by both. Clients post complete
+handoffs (the wire contract's frames, rows of random conditioning of a typical prompt's length)
+straight to the DiT and read the images back. The two configurations alternate round by round, so
+the machine's drift hits both.
+
+    python benchmarks/dit_batching.py [--model DIR] [--size 256x256] [--steps 8] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from services.checkpoints import default_model_dir
+from tests.dit_service.handoff_requests import complete_handoff, hidden_rows, params, post_handoff
+from tests.support.ports import free_port
+
+RESULTS = Path(__file__).parent / "results"
+TOKEN = "bench-token"
+ROWS = 24  # a short prompt's conditioning rows
+
+
+def start(model: Path, batch: int, window_ms: float, queue: int) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    env = dict(
+        os.environ,
+        ARDIT_DIT_MODEL_DIR=str(model),
+        ARDIT_DIT_PORT=str(port),
+        ARDIT_HANDOFF_TOKEN=TOKEN,
+        ARDIT_DIT_BATCH_MAX_SIZE=str(batch),
+        ARDIT_DIT_BATCH_WINDOW_MS=str(window_ms),
+        ARDIT_DIT_PIPELINE_QUEUE_SIZE=str(queue),
+        ARDIT_DIT_LOG_LEVEL="WARNING",
+    )
+    process = subprocess.Popen([sys.executable, "-m", "dit_service"], env=env, stdout=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while True:
+        try:
+            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                return process, url
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline or process.poll() is not None:
+            raise RuntimeError("the DiT did not start")
+        time.sleep(0.5)
+
+
+def one(url: str, seed: int, hidden: int, width: int, height: int, steps: int) -> float:
+    body = complete_handoff(
+        hidden_rows(ROWS, seed=seed, hidden=hidden),
+        diffusion=params(width=width, height=height, num_inference_steps=steps, seed=seed),
+        model="bench",
+    )
+    started = time.monotonic()
+    answer = post_handoff(
+        url, body, headers={"authorization": f"Bearer {TOKEN}", "content-type": "application/vnd.ardit.handoff+msgpack"}
+    )
+    if answer.status != 200 or not answer.images:
+        raise RuntimeError(f"the DiT answered {answer.status}: {answer.error}")
+    return time.monotonic() - started
+
+
+def burst(url: str, concurrency: int, images: int, hidden: int, width: int, height: int, steps: int) -> dict:
+    started = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+        latencies = list(pool.map(lambda s: one(url, s, hidden, width, height, steps), range(images)))
+    wall = time.monotonic() - started
+    return {
+        "images_per_minute": 60 * images / wall,
+        "p50_seconds": statistics.median(latencies),
+        "max_seconds": max(latencies),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, default=default_model_dir("qwen-image-tiny"))
+    parser.add_argument("--size", default="256x256")
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--window-ms", type=float, default=20.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--images", type=int, default=16, help="images per measurement")
+    parser.add_argument("--out", type=Path, default=RESULTS / "dit_batching.json")
+    args = parser.parse_args()
+    width, height = (int(v) for v in args.size.split("x"))
+    hidden = json.loads((args.model / "transformer" / "config.json").read_text())["joint_attention_dim"]
+    configs = {"off": 1, "on": args.batch_size}
+    servers = {name: start(args.model, batch, args.window_ms, queue=16) for name, batch in configs.items()}
+    runs: dict[str, dict[int, list[dict]]] = {name: {c: [] for c in (1, 4, 8)} for name in configs}
+    try:
+        for _, url in servers.values():
+            one(url, 0, hidden, width, height, args.steps)  # warm
+        for _ in range(args.rounds):
+            for concurrency in (1, 4, 8):
+                for name, (_, url) in servers.items():
+                    result = burst(url, concurrency, args.images, hidden, width, height, args.steps)
+                    runs[name][concurrency].append(result)
+                    print(name, concurrency, json.dumps(result), flush=True)
+    finally:
+        for process, _ in servers.values():
+            process.send_signal(signal.SIGINT)
+            process.wait(60)
+    summary = {}
+    for concurrency in (1, 4, 8):
+        off = [r["images_per_minute"] for r in runs["off"][concurrency]]
+        on = [r["images_per_minute"] for r in runs["on"][concurrency]]
+        ratios = sorted(b / a for a, b in zip(off, on, strict=True))
+        summary[str(concurrency)] = {
+            "off_images_per_minute": statistics.median(off),
+            "on_images_per_minute": statistics.median(on),
+            "on_over_off_median": statistics.median(ratios),
+            "on_over_off_min_max": [ratios[0], ratios[-1]],
+        }
+    result = {
+        "command": "python benchmarks/dit_batching.py " + " ".join(sys.argv[1:]),
+        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "load": os.getloadavg()},
+        "model": str(args.model.name),
+        "size": args.size,
+        "steps": args.steps,
+        "batch_size": args.batch_size,
+        "window_ms": args.window_ms,
+        "summary": summary,
+        "runs": runs,
+    }
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()

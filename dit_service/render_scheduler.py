@@ -1,0 +1,147 @@
+"""When render jobs run: under the run slots, in arrival order, and — with batching on — several
+compatible jobs waiting together as one run (``batch_runner``).
+
+Without batching (``max_batch_size`` 1, the default) each job takes a run slot and renders alone.
+With batching, the job at the head of the queue waits ``window`` seconds once it has a slot, then
+takes with it up to ``max_batch_size - 1`` later jobs that share its ``batch_key``; the rest keep
+their places. A batch is one pipeline run: it holds one run slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from dit_service.batch_runner import BatchItem, BatchRunner, batch_key
+from dit_service.metrics import DitMetrics, waiting_for
+from dit_service.pipeline_runner import EmitResult, PipelineRunner, RenderCancelled, RenderJob, RenderTimings
+
+RunOutcome = tuple[RenderTimings, float]  # the job's timings, and how long it waited for its run
+
+
+@dataclass
+class _Waiting:
+    item: BatchItem
+    queued_at: float = field(default_factory=time.monotonic)
+    outcome: asyncio.Future[RunOutcome] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+class RenderScheduler:
+    def __init__(
+        self,
+        runner: PipelineRunner,
+        batches: BatchRunner,
+        run_slots: asyncio.Semaphore,
+        metrics: DitMetrics,
+        *,
+        max_batch_size: int,
+        window: float,
+    ) -> None:
+        self._runner = runner
+        self._batches = batches
+        self._run_slots = run_slots
+        self._metrics = metrics
+        self._max_batch = max_batch_size
+        self._window = window
+        self._waiting: deque[_Waiting] = deque()
+        self._dispatcher: asyncio.Task[None] | None = None
+        # Strong references: the event loop only keeps weak ones to tasks.
+        self._runs: set[asyncio.Task[None]] = set()
+
+    async def run(self, job: RenderJob, emit: EmitResult, cancel: threading.Event) -> RunOutcome:
+        """Render ``job`` when its turn comes; RenderCancelled if its consumer left meanwhile."""
+        if self._max_batch == 1:
+            return await self._alone(job, emit, cancel)
+        waiting = _Waiting(BatchItem(job, emit, cancel))
+        self._waiting.append(waiting)
+        self._metrics.pipeline_queue_depth.inc()
+        if self._dispatcher is None or self._dispatcher.done():
+            self._dispatcher = asyncio.create_task(self._dispatch())
+        return await asyncio.shield(waiting.outcome)
+
+    async def _alone(self, job: RenderJob, emit: EmitResult, cancel: threading.Event) -> RunOutcome:
+        metrics, waited = self._metrics, time.monotonic()
+        async with waiting_for(self._run_slots, metrics.pipeline_queue_depth):
+            queue_seconds = self._started([job], waited)[0]
+            if cancel.is_set():
+                raise RenderCancelled()
+            metrics.pipeline_runs_in_flight.inc()
+            try:
+                timings = await asyncio.to_thread(self._runner.render, job, emit, cancel)
+            finally:
+                metrics.pipeline_runs_in_flight.dec()
+        return timings, queue_seconds
+
+    async def _dispatch(self) -> None:
+        while self._waiting:
+            await self._run_slots.acquire()
+            await asyncio.sleep(self._window)  # let compatible jobs arrive
+            batch = self._take_batch()
+            if not batch:
+                self._run_slots.release()
+                continue
+            run = asyncio.create_task(self._run_batch(batch))
+            self._runs.add(run)
+            run.add_done_callback(self._runs.discard)
+
+    def _take_batch(self) -> list[_Waiting]:
+        """The head of the queue and, if it can batch, later jobs that share its key."""
+        batch: list[_Waiting] = []
+        while self._waiting and not batch:
+            head = self._waiting.popleft()
+            self._metrics.pipeline_queue_depth.dec()
+            if head.item.cancel.is_set():
+                head.outcome.set_exception(RenderCancelled())
+                continue
+            batch.append(head)
+        key = batch_key(batch[0].item.job) if batch else None
+        if key is not None:
+            for waiting in list(self._waiting):
+                if len(batch) == self._max_batch:
+                    break
+                if batch_key(waiting.item.job) == key and not waiting.item.cancel.is_set():
+                    self._waiting.remove(waiting)
+                    self._metrics.pipeline_queue_depth.dec()
+                    batch.append(waiting)
+        return batch
+
+    async def _run_batch(self, batch: list[_Waiting]) -> None:
+        metrics = self._metrics
+        queue_seconds = self._started([w.item.job for w in batch], [w.queued_at for w in batch])
+        metrics.pipeline_runs_in_flight.inc(len(batch))
+        try:
+            if len(batch) == 1:
+                item = batch[0].item
+                results: list[RenderTimings | RenderCancelled] = [
+                    await asyncio.to_thread(self._runner.render, item.job, item.emit, item.cancel)
+                ]
+            else:
+                results = await asyncio.to_thread(self._batches.render, [w.item for w in batch])
+        except BaseException as exc:  # every job of the run failed with it
+            for waiting in batch:
+                if not waiting.outcome.done():
+                    waiting.outcome.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+        else:
+            for waiting, result, seconds in zip(batch, results, queue_seconds, strict=True):
+                if isinstance(result, RenderCancelled):
+                    waiting.outcome.set_exception(result)
+                else:
+                    waiting.outcome.set_result((result, seconds))
+        finally:
+            metrics.pipeline_runs_in_flight.dec(len(batch))
+            self._run_slots.release()
+
+    def _started(self, jobs: list[RenderJob], queued_at: float | list[float]) -> list[float]:
+        """Record that these jobs' run starts now; their queue waits, in seconds."""
+        now = time.monotonic()
+        starts = queued_at if isinstance(queued_at, list) else [queued_at] * len(jobs)
+        waits = [now - start for start in starts]
+        for job, seconds in zip(jobs, waits, strict=True):
+            self._metrics.queue_wait_seconds.observe(seconds)
+            job.trace.queued(seconds)
+        return waits

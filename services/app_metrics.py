@@ -1,0 +1,74 @@
+"""What every ardit app exports from the app factory: its HTTP responses, its error bodies, its readiness.
+
+Every HTTP response is counted by route template, method and status by prometheus-fastapi-instrumentator's
+middleware (pinned; vLLM's own server uses it): a pure ASGI middleware that resolves the route template the
+way FastAPI matches routes (including the router nodes FastAPI >= 0.116 nests under ``include_router``) and
+sees every response, also those that never reach a route handler: 404 for an unknown path, 401 from an auth
+dependency, 400 from validation, 503 before readiness. Paths no route matches share the route label
+``none`` and unknown methods the method label ``OTHER``, so a scanner cannot grow the label set.
+
+OpenAI-shaped error bodies are counted where they are rendered (services/errors.py), by HTTP status and
+``error.code`` — including errors that reach a client as an event of a stream that had already answered 200.
+
+Readiness is what ``/readyz`` answers, evaluated at every scrape, so alerts see a service that is up but
+cannot serve.
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_fastapi_instrumentator.metrics import Info
+from prometheus_fastapi_instrumentator.middleware import PrometheusInstrumentatorMiddleware
+
+from services.errors import ApiError
+from services.metrics import LATENCY_BUCKETS
+
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
+class AppMetrics:
+    """The app-level families of one service; ``service`` is its subsystem (``ar``, ``dit``)."""
+
+    def __init__(self, registry: CollectorRegistry, service: str) -> None:
+        self.requests = Counter(
+            f"ardit_{service}_http_requests",
+            "HTTP responses by route template, method and status code.",
+            ["route", "method", "status"],
+            registry=registry,
+        )
+        self.request_seconds = Histogram(
+            f"ardit_{service}_http_request_seconds",
+            "HTTP request received to its last response byte (streams included), by route template and method.",
+            ["route", "method"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.errors = Counter(
+            f"ardit_{service}_api_errors",
+            "OpenAI-shaped error bodies sent, by HTTP status and error code.",
+            ["status", "code"],
+            registry=registry,
+        )
+        self.ready = Gauge(
+            f"ardit_{service}_ready",
+            "1 when /readyz answers ready, else 0 (evaluated at each scrape).",
+            registry=registry,
+        )
+
+    def install(self, app: FastAPI) -> None:
+        """Counts every response of ``app``; add it after the app's other middleware (outermost)."""
+        app.add_middleware(
+            PrometheusInstrumentatorMiddleware,
+            should_group_status_codes=False,
+            should_group_untemplated=True,
+            instrumentations=[self._observe],
+        )
+
+    def count_error(self, error: ApiError) -> None:
+        self.errors.labels(status=str(error.status), code=error.code or "none").inc()
+
+    def _observe(self, info: Info) -> None:
+        method = info.method if info.method in HTTP_METHODS else "OTHER"
+        self.requests.labels(route=info.modified_handler, method=method, status=info.modified_status).inc()
+        self.request_seconds.labels(route=info.modified_handler, method=method).observe(info.modified_duration)

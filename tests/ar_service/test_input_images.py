@@ -1,0 +1,164 @@
+"""Uploaded images → an edit's pixels: formats, caps before decoding, masks, orientation, sizes."""
+
+from __future__ import annotations
+
+import io
+import struct
+import zlib
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from PIL import Image
+
+from ar_service.input_images import EditPixels, OutputSize, decode_edit
+from services.errors import ApiError
+
+AUTO = OutputSize(requested=None, multiple=16, max_pixels=256 * 256)
+CAP = 4096 * 4096
+
+
+def encoded(image: Image.Image, fmt: str = "PNG", **options) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format=fmt, **options)
+    return buffer.getvalue()
+
+
+def noise(width: int = 48, height: int = 32) -> Image.Image:
+    return Image.fromarray((np.random.default_rng(0).random((height, width, 3)) * 255).astype(np.uint8))
+
+
+def mask_png(width: int = 48, height: int = 32, hole: tuple[int, int, int, int] = (0, 0, 16, 16)) -> bytes:
+    mask = Image.new("RGBA", (width, height), (255, 255, 255, 255))
+    mask.paste((0, 0, 0, 0), hole)
+    return encoded(mask)
+
+
+def decode(image: bytes, mask: bytes | None = None, size: OutputSize = AUTO, cap: int = CAP) -> EditPixels:
+    return decode_edit(image, mask, size, cap)
+
+
+def refusal(image: bytes, mask: bytes | None = None, cap: int = CAP) -> ApiError:
+    with pytest.raises(ApiError) as info:
+        decode(image, mask, cap=cap)
+    assert info.value.status == 400
+    return info.value
+
+
+def as_array(pixels: EditPixels) -> np.ndarray:
+    return np.frombuffer(pixels.image, np.uint8).reshape(pixels.height, pixels.width, 3)
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "WEBP"])
+def test_lossless_inputs_arrive_pixel_for_pixel(fmt):
+    options = {"lossless": True} if fmt == "WEBP" else {}
+    pixels = decode(encoded(noise(), fmt, **options))
+    assert (pixels.width, pixels.height, pixels.mask) == (48, 32, None)
+    assert np.array_equal(as_array(pixels), np.asarray(noise()))
+
+
+def test_a_jpeg_is_accepted():
+    assert decode(encoded(noise(), "JPEG")).width == 48
+
+
+def test_size_auto_fits_the_input_to_the_pixel_limit_in_multiples():
+    assert OutputSize(None, 16, 256 * 256).for_input(50, 33) == (48, 32)
+    assert OutputSize(None, 16, 256 * 256).for_input(1024, 512) == (352, 176)
+    assert OutputSize(None, 16, 256 * 256).for_input(5, 5) == (16, 16)
+    assert OutputSize((64, 32), 16, 256 * 256).for_input(1024, 512) == (64, 32)
+
+
+def test_a_named_size_resizes_image_and_mask_alike():
+    pixels = decode(encoded(noise()), mask_png(), OutputSize((96, 64), 16, 256 * 256))
+    assert (pixels.width, pixels.height) == (96, 64)
+    mask = np.frombuffer(pixels.mask, np.uint8).reshape(64, 96)
+    assert set(np.unique(mask)) == {0, 255}  # nearest neighbour: still a hard mask
+    assert mask[:32, :32].min() == 255 and mask[32:, 32:].max() == 0
+
+
+def test_the_masks_transparent_pixels_are_the_ones_repainted():
+    mask = np.frombuffer(decode(encoded(noise()), mask_png()).mask, np.uint8).reshape(32, 48)
+    assert mask[:16, :16].min() == 255 and mask[16:, :].max() == 0 and mask[:, 16:].max() == 0
+
+
+def test_a_palette_mask_with_a_transparent_index_works():
+    palette = Image.new("P", (48, 32), 1)
+    palette.putpalette([0, 0, 0, 255, 255, 255])
+    palette.paste(0, (0, 0, 16, 16))
+    mask = np.frombuffer(decode(encoded(noise()), encoded(palette, transparency=0)).mask, np.uint8)
+    assert mask.reshape(32, 48)[:16, :16].min() == 255 and mask.reshape(32, 48)[16:].max() == 0
+
+
+def test_exif_orientation_is_applied():
+    upright = noise(32, 48)
+    rotated = upright.transpose(Image.Transpose.ROTATE_90)  # stored turned a quarter counter-clockwise ...
+    exif = Image.Exif()
+    exif[0x0112] = 6  # ... and tagged "turn a quarter clockwise to view"
+    pixels = decode(encoded(rotated, "PNG", exif=exif))
+    assert (pixels.width, pixels.height) == (32, 48)
+    assert np.array_equal(as_array(pixels), np.asarray(upright))
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"", b"not an image at all", encoded(noise(), "GIF"), encoded(noise(), "BMP")],
+    ids=["empty", "text", "gif", "bmp"],
+)
+def test_what_is_not_png_jpeg_or_webp_is_refused(data):
+    error = refusal(data)
+    assert (error.param, error.code) == ("image", "invalid_image_format")
+
+
+def test_a_truncated_png_is_refused():
+    png = encoded(noise())
+    assert refusal(png[: len(png) // 2]).code == "invalid_image_format"
+
+
+def png_header_only(width: int, height: int) -> bytes:
+    """A PNG that declares ``width x height`` and carries almost no data: a decompression bomb's header."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b"")
+
+
+@pytest.mark.parametrize("side", [5000, 40_000], ids=["over our cap", "over Pillow's own"])
+def test_a_decompression_bomb_is_refused_from_its_header(side):
+    error = refusal(png_header_only(side, side))
+    assert (error.param, error.code) == ("image", "image_too_large")
+
+
+def test_the_pixel_cap_is_a_setting():
+    assert refusal(encoded(noise()), cap=48 * 32 - 1).code == "image_too_large"
+    assert decode(encoded(noise()), cap=48 * 32).width == 48
+
+
+def test_a_mask_must_be_a_png_of_the_images_size_with_alpha():
+    image = encoded(noise())
+    assert (refusal(image, mask_png(32, 32)).param, refusal(image, mask_png(32, 32)).code) == (
+        "mask",
+        "invalid_image_size",
+    )
+    no_alpha = encoded(Image.new("RGB", (48, 32)))
+    assert (refusal(image, no_alpha).param, refusal(image, no_alpha).code) == ("mask", "invalid_image_format")
+    webp = encoded(Image.new("RGBA", (48, 32)), "WEBP")
+    assert refusal(image, webp).param == "mask"
+    assert refusal(image, png_header_only(9000, 9000)).param == "mask"
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(cut=st.integers(min_value=0), flips=st.lists(st.tuples(st.integers(min_value=0), st.integers(0, 255))))
+def test_any_damaged_upload_is_a_400_or_an_image_never_a_crash(cut, flips):
+    data = bytearray(encoded(noise(), "PNG"))
+    for at, value in flips:
+        data[at % len(data)] = value
+    data = data[: len(data) - cut % len(data)]
+    try:
+        pixels = decode(bytes(data))
+    except ApiError as error:
+        assert error.status == 400 and error.param == "image"
+    else:
+        assert len(pixels.image) == pixels.width * pixels.height * 3

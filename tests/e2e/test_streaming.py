@@ -1,0 +1,115 @@
+"""Event streams end to end through the official client (strict mode): a refusal known before the
+stream starts is an HTTP status the client raises — and retries, after ``Retry-After`` — never an
+SSE error inside a 200; a long render that sends no event still sends keep-alive comments."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+from openai import OpenAI
+
+from ar_service.admission import AdmissionTicket
+from tests.conftest import API_KEY, Stack
+from tests.support.dit_pools import dit_pool, using_dits
+from tests.support.ports import free_port
+
+pytestmark = pytest.mark.slow
+
+FAST = {"num_inference_steps": 2}
+
+
+def client_for(stack: Stack, max_retries: int = 0, http_client: httpx.Client | None = None) -> OpenAI:
+    return OpenAI(
+        base_url=stack.api_base,
+        api_key=API_KEY,
+        max_retries=max_retries,
+        timeout=300,
+        http_client=http_client,
+        _strict_response_validation=True,
+    )
+
+
+def stream(client: OpenAI) -> list:
+    return list(client.images.generate(prompt="a kite", size="64x64", stream=True, extra_body={"seed": 1, **FAST}))
+
+
+def hold_every_slot(stack: Stack) -> list[AdmissionTicket]:
+    """Take every place the pair has, as requests in flight would."""
+    _, capacity = stack.ar.call(stack.runtime.readiness.require())
+    return [stack.ar.call(stack.runtime.admission.admit(capacity)) for _ in range(capacity)]
+
+
+def release(stack: Stack, tickets: list[AdmissionTicket]) -> None:
+    for ticket in tickets:
+        stack.ar.loop.call_soon_threadsafe(ticket.release)
+
+
+@pytest.fixture
+def full_pair(stack, monkeypatch):
+    """Every slot held and no room to wait: the next request is refused with 429 at once."""
+    monkeypatch.setattr(stack.runtime.admission, "_max_queued", 0)
+    tickets = hold_every_slot(stack)
+    yield tickets
+    release(stack, tickets)
+
+
+def test_a_full_queue_refuses_a_stream_with_a_429_the_client_raises(stack, full_pair):
+    started = time.monotonic()
+    with pytest.raises(openai.RateLimitError) as info:
+        stream(client_for(stack))
+    assert time.monotonic() - started < 5  # refused at once, not after a wait
+    assert info.value.status_code == 429 and info.value.body["code"] == "rate_limit_exceeded"
+    assert int(info.value.response.headers["retry-after"]) >= 1
+
+
+def test_the_client_retries_a_refused_stream_after_retry_after(stack, full_pair):
+    answers: list[httpx.Response] = []
+    http = httpx.Client(event_hooks={"response": [answers.append]})
+    # Room comes back half a second in: sooner than Retry-After, so only its wait is measured.
+    threading.Timer(0.5, release, (stack, full_pair)).start()
+    started = time.monotonic()
+    events = stream(client_for(stack, max_retries=2, http_client=http))
+    waited = time.monotonic() - started
+    assert [a.status_code for a in answers] == [429, 200]
+    assert waited >= int(answers[0].headers["retry-after"])  # the client's own first backoff is 0.5 s
+    assert events[-1].type == "image_generation.completed"
+
+
+def test_a_dit_that_is_not_ready_refuses_a_stream_with_a_503(stack):
+    with (
+        using_dits(stack, dit_pool(stack, f"http://127.0.0.1:{free_port()}")),
+        pytest.raises(openai.InternalServerError) as info,
+    ):
+        stream(client_for(stack))
+    assert info.value.status_code == 503 and info.value.body["code"] == "not_ready"
+    assert int(info.value.response.headers["retry-after"]) >= 1
+
+
+def test_invalid_parameters_refuse_a_stream_with_a_400(stack):
+    with pytest.raises(openai.BadRequestError) as info:
+        client_for(stack).images.generate(prompt="x", size="100x100", stream=True)
+    assert info.value.body["param"] == "size"
+
+
+def test_keep_alive_comments_arrive_during_a_long_silent_render(stack, monkeypatch):
+    serving = stack.runtime.serving
+    monkeypatch.setattr(serving, "settings", serving.settings.model_copy(update={"sse_keepalive_seconds": 0.05}))
+    body = {"prompt": "a slow one", "size": "256x256", "num_inference_steps": 12, "stream": True, "seed": 2}
+    lines = []
+    with httpx.stream(
+        "POST",
+        f"{stack.api_base}/images/generations",
+        json=body,
+        headers={"authorization": f"Bearer {API_KEY}"},
+        timeout=300,
+    ) as response:
+        assert response.headers["x-accel-buffering"] == "no"
+        lines = list(response.iter_lines())
+    first_event = next(i for i, line in enumerate(lines) if line.startswith("event:"))
+    comments = [line for line in lines[:first_event] if line.startswith(":")]
+    assert len(comments) >= 2, lines[:first_event]
+    assert lines[first_event] == "event: image_generation.completed"

@@ -1,0 +1,119 @@
+"""Every response of an app made by create_app is counted by route template, method and status, and
+every error body by its code — also responses that never reach a route handler."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.testclient import TestClient
+from prometheus_client import CollectorRegistry
+from pydantic import BaseModel
+
+from services.app import Readiness, create_app
+from services.app_metrics import AppMetrics
+from services.auth import BearerAuth
+from services.errors import ApiError
+
+
+class Body(BaseModel):
+    n: int
+
+
+async def ready() -> Readiness:
+    return Readiness(True, "ready")
+
+
+def build_app() -> tuple[FastAPI, CollectorRegistry]:
+    registry = CollectorRegistry()
+    app = create_app("test", lifespan=None, readiness=ready, registry=registry, app_metrics=AppMetrics(registry, "t"))
+    keys = BearerAuth(["k"], what="API key", missing_code="missing_api_key", invalid_code="invalid_api_key")
+
+    def check(request: Request) -> None:
+        keys.check(request.headers.get("authorization"))
+
+    router = APIRouter(dependencies=[Depends(check)])
+
+    @router.post("/v1/things/{name}")
+    async def make(name: str, body: Body) -> dict[str, int]:
+        if name == "busy":
+            raise ApiError(503, "not ready", code="not_ready")
+        if name == "broken":
+            raise RuntimeError("a bug")
+        return {"n": body.n}
+
+    app.include_router(router)
+    return app, registry
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[TestClient, CollectorRegistry]]:
+    app, registry = build_app()
+    with TestClient(app, raise_server_exceptions=False) as client:
+        yield client, registry
+
+
+def count(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    return registry.get_sample_value(name, labels) or 0.0
+
+
+AUTH = {"authorization": "Bearer k"}
+
+
+@pytest.mark.parametrize(
+    ("path", "headers", "body", "status", "code"),
+    [
+        ("/v1/things/a", AUTH, {"n": 1}, "200", None),
+        ("/v1/things/a", {}, {"n": 1}, "401", "missing_api_key"),
+        ("/v1/things/a", {"authorization": "Bearer wrong"}, {"n": 1}, "401", "invalid_api_key"),
+        ("/v1/things/a", AUTH, {"n": "one"}, "400", "invalid_value"),
+        ("/v1/things/busy", AUTH, {"n": 1}, "503", "not_ready"),
+        ("/v1/things/broken", AUTH, {"n": 1}, "500", "internal_error"),
+    ],
+)
+def test_a_templated_route_counts_every_outcome(served, path, headers, body, status, code):
+    client, registry = served
+    assert client.post(path, json=body, headers=headers).status_code == int(status)
+    labels = {"route": "/v1/things/{name}", "method": "POST", "status": status}
+    assert count(registry, "ardit_t_http_requests_total", **labels) == 1
+    assert count(registry, "ardit_t_http_request_seconds_count", route="/v1/things/{name}", method="POST") == 1
+    errors = count(registry, "ardit_t_api_errors_total", status=status, code=code or "none")
+    assert errors == (0 if code is None else 1)
+
+
+def test_unknown_paths_and_methods_share_one_label_each(served):
+    client, registry = served
+    for path in ("/nope", "/wp-admin/x", "/v1/things"):
+        assert client.get(path).status_code == 404
+    # A method no route serves at a known path is an unknown URL too (OpenAI's answer), not a 405.
+    assert client.request("BREW", "/v1/things/a").status_code == 404
+    assert count(registry, "ardit_t_http_requests_total", route="none", method="GET", status="404") == 3
+    assert count(registry, "ardit_t_http_requests_total", route="/v1/things/{name}", method="OTHER", status="404") == 1
+    assert count(registry, "ardit_t_api_errors_total", status="404", code="not_found") == 4
+
+
+def test_probes_and_scrapes_are_counted_too(served):
+    client, registry = served
+    client.get("/healthz")
+    client.get("/metrics")
+    assert count(registry, "ardit_t_http_requests_total", route="/healthz", method="GET", status="200") == 1
+    assert count(registry, "ardit_t_http_requests_total", route="/metrics", method="GET", status="200") == 1
+
+
+def test_readiness_is_exported_as_it_is_at_each_scrape():
+    registry = CollectorRegistry()
+    state = {"ready": False}
+
+    async def readiness() -> Readiness:
+        return Readiness(state["ready"], "ready" if state["ready"] else "loading")
+
+    app = create_app(
+        "test", lifespan=None, readiness=readiness, registry=registry, app_metrics=AppMetrics(registry, "t")
+    )
+    with TestClient(app) as client:
+        client.get("/metrics")
+        assert count(registry, "ardit_t_ready") == 0
+        state["ready"] = True
+        client.get("/metrics")
+        assert count(registry, "ardit_t_ready") == 1
