@@ -67,6 +67,8 @@ def one(url: str, seed: int, hidden: int, width: int, height: int, steps: int) -
         hidden_rows(ROWS, seed=seed, hidden=hidden),
         diffusion=params(width=width, height=height, num_inference_steps=steps, seed=seed),
         model="bench",
+        hidden=hidden,
+        request_id=f"bench-{seed}-{time.monotonic_ns()}",
     )
     started = time.monotonic()
     answer = post_handoff(

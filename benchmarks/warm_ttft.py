@@ -14,11 +14,12 @@ The B2 time is attributed from four sources:
   context, sampling, the connector reading every prompt row back), engine core -> this process;
 - the capture engine minus the capture-off engine: what reading the rows back adds to TTFT;
 - py-spy on the capture engine's model worker (``worker_profile.py``) over ``--profile-requests``
-  B2 requests and as many tail-only ones: attention kernel vs linear layers vs connector, per request;
+  B2 requests and as many tail-only ones: its shares of in-step samples (attention kernel, linear
+  layers, connector...) split the median engine step into parts (``step_attribution_ms``);
 - the row read-back on its own (``rows_readback``): the connector's gather of P rows from a paged
   cache, the final norm, and the ZMQ hop into the AR process, with the service's own classes.
 
-    python benchmarks/warm_ttft.py [--rounds 10] [--long 5600] [--profile-requests 5]
+    python benchmarks/warm_ttft.py [--rounds 10] [--long 5600] [--profile-requests 10]
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import torch
 
 paired.use_this_checkout()
 
-from worker_profile import WorkerProfile  # noqa: E402
+from worker_profile import BETWEEN_STEPS, WorkerProfile  # noqa: E402
 
 from ar_service.engine.final_norm import FinalNorm  # noqa: E402
 from ar_service.engine.hidden_state_engine import (  # noqa: E402
@@ -240,14 +241,31 @@ async def measure(args: argparse.Namespace, engines: list[Engine], long: list[in
                 request_salt = salt if workload == "B2" else f"profile-{i}-{uuid.uuid4().hex[:6]}"
                 await request(capture, prompt, request_salt, expected)
             report["profile_ms_per_request"][workload] = spy.stop(units=args.profile_requests)
+        report["step_attribution_ms"] = step_attribution(report)
     return report
+
+
+def step_attribution(report: dict) -> dict:
+    """The engine step (scheduled -> first token, median) split by the profile's shares of in-step samples.
+
+    py-spy's per-request figures also count the worker's other threads and the polling between
+    requests, so only the split between the step's parts is taken from it, not its durations.
+    """
+    step = "scheduled -> first token in the engine core (the step)"
+    split = {}
+    for workload, profile in report["profile_ms_per_request"].items():
+        parts = {name: ms for name, ms in profile["ms_per_unit"].items() if name != BETWEEN_STEPS}
+        in_step = sum(parts.values())
+        step_ms = report["engines"]["capture_on"][workload]["stages_ms_median"][step]
+        split[workload] = {name: round(step_ms * ms / in_step, 1) for name, ms in parts.items()} | {"step": step_ms}
+    return split
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--long", type=int, default=5600)
-    parser.add_argument("--profile-requests", type=int, default=5, help="0: no py-spy profile")
+    parser.add_argument("--profile-requests", type=int, default=10, help="0: no py-spy profile")
     parser.add_argument("--out", type=Path, default=paired.RESULTS / "warm_ttft.json")
     args = parser.parse_args()
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{os.cpu_count() - 1}"  # both engines get every core
