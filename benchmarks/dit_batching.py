@@ -4,8 +4,9 @@ Two DiT processes (``python -m dit_service``) on the same model, one with batchi
 (``ARDIT_DIT_BATCH_MAX_SIZE=1``, the default) and one on (``--batch-size``, window ``--window-ms``),
 each given the same pipeline queue so concurrency 8 is admitted by both. Clients post complete
 handoffs (the wire contract's frames, rows of random conditioning of a typical prompt's length)
-straight to the DiT and read the images back. The two configurations alternate round by round, so
-the machine's drift hits both. Ratios (on/off) are per round: median, p10-p90.
+straight to the DiT and read the images back. Each cell runs on both configurations back to back,
+which goes first alternating, so the machine's drift hits both. Ratios (on/off) are per round:
+median, p10-p90.
 
     python benchmarks/dit_batching.py [--model DIR] [--size 256x256] [--steps 8] [--rounds 3]
 """
