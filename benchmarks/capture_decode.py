@@ -32,6 +32,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import paired
 import psutil
@@ -48,7 +49,7 @@ from ar_service.engine.hidden_state_engine import (  # noqa: E402
 )
 from ar_service.settings import ArSettings  # noqa: E402
 
-ENGINES = {
+ENGINES: dict[str, dict[str, Any]] = {
     "with_draft": {"capture_hidden_states": True, "capture_without_draft": False},
     "without_draft": {"capture_hidden_states": True, "capture_without_draft": True},
     "capture_off": {"capture_hidden_states": False},
@@ -198,8 +199,13 @@ def main() -> None:
     args = parser.parse_args()
     # vLLM's 'auto' binding reserves a different number of cores with and without the speculative
     # method; every engine gets all of them, so only capture differs.
-    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{os.cpu_count() - 1}"
-    common = dict(enable_prefix_caching=True, kv_cache_bytes=512 << 20, max_model_len=8192, max_num_batched_tokens=2048)
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{(os.cpu_count() or 1) - 1}"
+    common: dict[str, Any] = {
+        "enable_prefix_caching": True,
+        "kv_cache_bytes": 512 << 20,
+        "max_model_len": 8192,
+        "max_num_batched_tokens": 2048,
+    }
     report: dict = {
         "command": "python benchmarks/capture_decode.py "
         + f"--rounds {args.rounds} --long {args.long} --short {args.short} --new-tokens {args.new_tokens}"

@@ -124,7 +124,7 @@ def plot(rows: list[tuple[str, dict[str, float]]], path: Path) -> None:
     for i, (label, t) in enumerate(rows):
         y = top + i * (bar_h + 12)
         draw.text((10, y + 7), label, fill="black")
-        x = left
+        x: float = left
         for stage, color in zip(STAGES, COLORS, strict=True):
             w = t.get(stage, 0) * scale
             draw.rectangle([x, y, x + w, y + bar_h], fill=color)

@@ -284,7 +284,8 @@ def main() -> None:
     parser.add_argument("--receiver", nargs=2, type=int, metavar=("HTTP_PORT", "RAW_PORT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.receiver:
-        serve_receiver(*args.receiver, raw_bytes=ROWS * HIDDEN * 2)
+        http_port, raw_port = args.receiver
+        serve_receiver(http_port, raw_port, raw_bytes=ROWS * HIDDEN * 2)
         return
     torch.set_num_threads(1)
     from tests.support.ports import free_port

@@ -72,6 +72,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--out", type=Path, default=RESULTS / "load.json")
     args = parser.parse_args()
+    load_before = os.getloadavg()[0]
 
     ar_port, dit_port = free_port(), free_port()
     env = dict(
@@ -115,7 +116,12 @@ def main() -> None:
     result = {
         "command": "python benchmarks/load.py " + " ".join(sys.argv[1:]),
         "settings": "make run defaults (launcher), ports only changed",
-        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+        "machine": {
+            "cpu_count": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "load_1m_before": load_before,
+        },
         "clients": args.clients,
         "size": args.size,
         "steps": args.steps,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import platform
@@ -166,22 +167,26 @@ def main() -> None:
     if args.pin_threads:
         # vLLM's 'auto' binding reserves a different number of cores with and without the
         # speculative method (2 vs 1 here), so the capture-off engine got half the threads.
-        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{os.cpu_count() - 1}"
+        cores = os.cpu_count()
+        assert cores is not None
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{cores - 1}"
 
     prompts = {"long": workload(args.long, 1), "short": workload(args.short, 2)}
-    common = dict(kv_cache_bytes=1 << 30, max_model_len=8192, max_num_batched_tokens=2048)
+    engine_settings = functools.partial(
+        ArSettings, kv_cache_bytes=1 << 30, max_model_len=8192, max_num_batched_tokens=2048
+    )
     started = time.time()
     configs = {
         "caching_on_capture_on": (
-            ArSettings(enable_prefix_caching=True, **common),
+            engine_settings(enable_prefix_caching=True),
             [(s, p) for p in prompts.values() for s in ("B1", "B2")],
         ),
         "caching_off_capture_on": (
-            ArSettings(enable_prefix_caching=False, **common),
+            engine_settings(enable_prefix_caching=False),
             [("A", p) for p in prompts.values()],
         ),
         "caching_off_capture_off": (
-            ArSettings(enable_prefix_caching=False, capture_hidden_states=False, **common),
+            engine_settings(enable_prefix_caching=False, capture_hidden_states=False),
             [("A", p) for p in prompts.values()],
         ),
     }

@@ -34,6 +34,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import paired
 import psutil
@@ -53,7 +54,10 @@ from ar_service.engine.hidden_state_engine import (  # noqa: E402
 from ar_service.engine.row_channel import RowChannel, RowSender  # noqa: E402
 from ar_service.settings import ArSettings  # noqa: E402
 
-ENGINES = {"capture_on": {"capture_hidden_states": True}, "capture_off": {"capture_hidden_states": False}}
+ENGINES: dict[str, dict[str, Any]] = {
+    "capture_on": {"capture_hidden_states": True},
+    "capture_off": {"capture_hidden_states": False},
+}
 
 
 class EngineClock:
@@ -64,8 +68,8 @@ class EngineClock:
         llm = engine.vllm
         generate = llm.generate
 
-        async def tapped(*args, request_id: str, **kwargs):
-            async for output in generate(*args, request_id=request_id, **kwargs):
+        async def tapped(prompt: Any, sampling_params: Any, request_id: str, **kwargs: Any) -> Any:
+            async for output in generate(prompt, sampling_params, request_id, **kwargs):
                 if output.metrics is not None:
                     self.stats[request_id] = output.metrics
                 yield output
@@ -268,8 +272,13 @@ def main() -> None:
     parser.add_argument("--profile-requests", type=int, default=10, help="0: no py-spy profile")
     parser.add_argument("--out", type=Path, default=paired.RESULTS / "warm_ttft.json")
     args = parser.parse_args()
-    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{os.cpu_count() - 1}"  # both engines get every core
-    common = dict(enable_prefix_caching=True, kv_cache_bytes=512 << 20, max_model_len=8192, max_num_batched_tokens=2048)
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{(os.cpu_count() or 1) - 1}"  # both engines get every core
+    common: dict[str, Any] = {
+        "enable_prefix_caching": True,
+        "kv_cache_bytes": 512 << 20,
+        "max_model_len": 8192,
+        "max_num_batched_tokens": 2048,
+    }
     report: dict = {
         "command": f"python benchmarks/warm_ttft.py --rounds {args.rounds} --long {args.long} "
         f"--profile-requests {args.profile_requests}",

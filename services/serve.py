@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import uvicorn
 from fastapi import FastAPI
 
@@ -13,5 +15,8 @@ def serve(app: FastAPI, fatal: Fatal, host: str, port: int, graceful_shutdown_se
         uvicorn.Config(app, host=host, port=port, log_config=None, timeout_graceful_shutdown=graceful_shutdown_seconds)
     )
     fatal.on_trigger(lambda: setattr(server, "should_exit", True))
-    server.run()
+    # uvicorn re-raises the SIGINT it captured once it has shut down gracefully (uvicorn.run()
+    # swallows it the same way): being asked to stop is not an error and needs no traceback.
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run()
     return EXIT_CODE if fatal.reason is not None else 0

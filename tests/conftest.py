@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -50,7 +51,9 @@ def require_checkpoint(path: Path) -> Path:
 
 def dit_settings(**overrides) -> DitSettings:
     """The DiT as `make run` starts it (defaults), plus the shared token and one torch thread."""
-    base = dict(model_dir=require_checkpoint(DitSettings().model_dir), handoff_token=HANDOFF_TOKEN, torch_threads=1)
+    base: dict[str, Any] = dict(
+        model_dir=require_checkpoint(DitSettings().model_dir), handoff_token=HANDOFF_TOKEN, torch_threads=1
+    )
     return DitSettings(**(base | overrides))
 
 

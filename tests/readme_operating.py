@@ -8,8 +8,6 @@ tests/test_readme.py fails when the committed README differs from what this gene
 
 from __future__ import annotations
 
-import argparse
-import re
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry
@@ -17,9 +15,9 @@ from prometheus_client.metrics import MetricWrapperBase
 
 from ar_service.metrics import ArMetrics
 from dit_service.metrics import DitMetrics
+from tests import readme_blocks
 from tests.deploy.dashboard import load_builder
 from tests.deploy.prometheus_rules import rules
-from tests.readme_settings import README
 
 # How a family's samples are named in a scrape, by type.
 SCRAPED_NAME = {"counter": "{}_total", "gauge": "{}", "histogram": "{}", "info": "{}_info"}
@@ -39,6 +37,7 @@ def families(metrics: object) -> Iterator[MetricWrapperBase]:
 def metrics_table(metrics: object) -> str:
     rows = ["| family | type | labels | meaning |", "|---|---|---|---|"]
     for family in families(metrics):
+        assert family._type is not None, f"{family._name} is a metric class without a type"
         name = SCRAPED_NAME[family._type].format(family._name)
         labels = ", ".join(f"`{label}`" for label in family._labelnames) or "—"
         rows.append(f"| `{name}` | {family._type} | {labels} | {family._documentation} |")
@@ -78,22 +77,8 @@ BLOCKS: dict[str, Callable[[], str]] = {
 
 
 def render(readme: str) -> str:
-    for key, block in BLOCKS.items():
-        begin, end = f"<!-- {key}:begin -->", f"<!-- {key}:end -->"
-        pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
-        if not pattern.search(readme):
-            raise ValueError(f"README.md has no {begin} ... {end} block")
-        text = f"{begin}\n{block()}\n{end}"
-        readme = pattern.sub(lambda _, text=text: text, readme)
-    return readme
+    return readme_blocks.render(readme, BLOCKS)
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--write", action="store_true", help="rewrite README.md's blocks in place")
-    args = parser.parse_args()
-    text = README.read_text()
-    if args.write:
-        README.write_text(render(text))
-    else:
-        print(render(text))
+    readme_blocks.main(__doc__, BLOCKS)

@@ -6,8 +6,7 @@ markers; tests/test_readme.py fails when the committed README differs from what 
 
 from __future__ import annotations
 
-import argparse
-import re
+from functools import partial
 from pathlib import Path
 
 from pydantic.fields import FieldInfo
@@ -16,8 +15,8 @@ from pydantic_settings import BaseSettings
 
 from ar_service.settings import ArSettings
 from dit_service.settings import DitSettings
+from tests import readme_blocks
 
-README = Path(__file__).resolve().parents[1] / "README.md"
 TABLES: dict[str, type[BaseSettings]] = {"ar": ArSettings, "dit": DitSettings}
 
 
@@ -48,23 +47,12 @@ def table(settings: type[BaseSettings]) -> str:
     return "\n".join(rows)
 
 
+BLOCKS = {f"settings:{key}": partial(table, settings) for key, settings in TABLES.items()}
+
+
 def render(readme: str) -> str:
-    for key, settings in TABLES.items():
-        begin, end = f"<!-- settings:{key}:begin -->", f"<!-- settings:{key}:end -->"
-        pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
-        if not pattern.search(readme):
-            raise ValueError(f"README.md has no {begin} ... {end} block")
-        block = f"{begin}\n{table(settings)}\n{end}"
-        readme = pattern.sub(lambda _, block=block: block, readme)
-    return readme
+    return readme_blocks.render(readme, BLOCKS)
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--write", action="store_true", help="rewrite README.md's tables in place")
-    args = parser.parse_args()
-    text = README.read_text()
-    if args.write:
-        README.write_text(render(text))
-    else:
-        print(render(text))
+    readme_blocks.main(__doc__, BLOCKS)

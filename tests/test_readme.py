@@ -3,13 +3,15 @@ metrics classes, the dashboard builder and the alert rules."""
 
 from __future__ import annotations
 
-from tests import readme_operating
-from tests.readme_settings import README, render
+from tests import readme_operating, readme_settings
+from tests.readme_blocks import README
 
 
 def test_settings_tables_match_the_settings_classes():
     readme = README.read_text()
-    assert render(readme) == readme, "README settings tables are stale: run python -m tests.readme_settings --write"
+    assert readme_settings.render(readme) == readme, (
+        "README settings tables are stale: run python -m tests.readme_settings --write"
+    )
 
 
 def test_operating_lists_match_the_metrics_the_dashboard_and_the_rules():

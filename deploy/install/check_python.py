@@ -22,12 +22,16 @@ COMPARE = {
 
 def requires_python():
     with open(PYPROJECT) as f:
-        return re.search(r'^requires-python\s*=\s*"([^"]+)"', f.read(), re.MULTILINE).group(1)
+        found = re.search(r'^requires-python\s*=\s*"([^"]+)"', f.read(), re.MULTILINE)
+    assert found is not None, "pyproject.toml has no requires-python"
+    return found.group(1)
 
 
 def allows(spec, version):
     for clause in spec.split(","):
-        op, number = re.match(r"\s*(>=|<=|==|!=|>|<)\s*([\d.]+)\s*$", clause).groups()
+        parsed = re.match(r"\s*(>=|<=|==|!=|>|<)\s*([\d.]+)\s*$", clause)
+        assert parsed is not None, "unsupported requires-python clause: " + clause
+        op, number = parsed.groups()
         wanted = tuple(int(part) for part in number.split("."))
         if not COMPARE[op](version[: len(wanted)], wanted):
             return False

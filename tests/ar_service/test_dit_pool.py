@@ -66,6 +66,7 @@ def test_the_least_loaded_ready_replica_with_room_is_picked():
         first = pool._pick(exclude=set())
         pool.replicas["http://10.0.0.2:8001"].outstanding = DIT.capacity.max_outstanding  # full
         second = pool._pick(exclude=set())
+        assert first is not None and second is not None
         return first.url, second.url
 
     assert asyncio.run(scenario()) == ("http://10.0.0.2:8001", "http://10.0.0.1:8001")

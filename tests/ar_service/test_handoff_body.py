@@ -11,7 +11,7 @@ import torch
 
 from ar_service.engine.hidden_state_engine import EngineEvent, FinishedEvent, RowsEvent
 from ar_service.handoff_body import HandoffBody, coalesced
-from shared.frames import DiffusionParams, OpenFrame, StreamSpec
+from shared.frames import DiffusionParams, OpenFrame, StreamName, StreamSpec
 from shared.handoff_assembler import AssembledHandoff, HandoffReceiver
 from shared.handoff_encoder import HandoffEncoder
 
@@ -19,7 +19,7 @@ HIDDEN = 4
 
 
 def encoder(uncond: bool = False) -> HandoffEncoder:
-    streams = {"cond": StreamSpec(prompt_tokens=3, max_rows=3, prefix_tokens=1)}
+    streams: dict[StreamName, StreamSpec] = {"cond": StreamSpec(prompt_tokens=3, max_rows=3, prefix_tokens=1)}
     if uncond:
         streams["uncond"] = StreamSpec(prompt_tokens=2, max_rows=2, prefix_tokens=1)
     return HandoffEncoder(
@@ -115,7 +115,7 @@ def rows_event(start: int, count: int) -> RowsEvent:
 def test_only_contiguous_rows_of_one_stream_merge_and_never_past_a_frame():
     row_bytes = HIDDEN * 4
     big = rows_event(0, 4)
-    events = [
+    events: list[tuple[StreamName, RowsEvent]] = [
         ("cond", big),  # fills a frame of 4 rows on its own
         ("cond", rows_event(4, 1)),
         ("cond", rows_event(5, 2)),
@@ -140,7 +140,10 @@ def test_only_contiguous_rows_of_one_stream_merge_and_never_past_a_frame():
 
 
 def test_both_streams_run_side_by_side_and_close_reports_both():
-    runs = {"cond": run_of([5, 6, 7, 8], [3]), "uncond": run_of([9, 10, 11], [2])}
+    runs: dict[StreamName, AsyncGenerator[EngineEvent, None]] = {
+        "cond": run_of([5, 6, 7, 8], [3]),
+        "uncond": run_of([9, 10, 11], [2]),
+    }
     body = HandoffBody(encoder(uncond=True), runs, overlap=True, received_at=0.0)
     frames = asyncio.run(collect(body))
     assert set(body.finished) == set(assemble(frames).streams) == {"cond", "uncond"}

@@ -72,13 +72,16 @@ def test_size_auto_fits_the_input_to_the_pixel_limit_in_multiples():
 def test_a_named_size_resizes_image_and_mask_alike():
     pixels = decode(encoded(noise()), mask_png(), OutputSize((96, 64), 16, 256 * 256))
     assert (pixels.width, pixels.height) == (96, 64)
+    assert pixels.mask is not None
     mask = np.frombuffer(pixels.mask, np.uint8).reshape(64, 96)
     assert set(np.unique(mask)) == {0, 255}  # nearest neighbour: still a hard mask
     assert mask[:32, :32].min() == 255 and mask[32:, 32:].max() == 0
 
 
 def test_the_masks_transparent_pixels_are_the_ones_repainted():
-    mask = np.frombuffer(decode(encoded(noise()), mask_png()).mask, np.uint8).reshape(32, 48)
+    pixels = decode(encoded(noise()), mask_png())
+    assert pixels.mask is not None
+    mask = np.frombuffer(pixels.mask, np.uint8).reshape(32, 48)
     assert mask[:16, :16].min() == 255 and mask[16:, :].max() == 0 and mask[:, 16:].max() == 0
 
 
@@ -86,7 +89,9 @@ def test_a_palette_mask_with_a_transparent_index_works():
     palette = Image.new("P", (48, 32), 1)
     palette.putpalette([0, 0, 0, 255, 255, 255])
     palette.paste(0, (0, 0, 16, 16))
-    mask = np.frombuffer(decode(encoded(noise()), encoded(palette, transparency=0)).mask, np.uint8)
+    pixels = decode(encoded(noise()), encoded(palette, transparency=0))
+    assert pixels.mask is not None
+    mask = np.frombuffer(pixels.mask, np.uint8)
     assert mask.reshape(32, 48)[:16, :16].min() == 255 and mask.reshape(32, 48)[16:].max() == 0
 
 

@@ -4,14 +4,14 @@ import msgpack
 import pytest
 import torch
 
-from shared.frames import DiffusionParams, OpenFrame, StreamSpec
+from shared.frames import DiffusionParams, OpenFrame, StreamName, StreamSpec
 from shared.handoff_encoder import HandoffEncoder
 
 
 def make_open(
     dtype: str = "bfloat16", hidden: int = 8, max_rows: int = 10, prompt: int = 6, uncond: bool = False
 ) -> OpenFrame:
-    streams = {"cond": StreamSpec(prompt_tokens=prompt, max_rows=max_rows)}
+    streams: dict[StreamName, StreamSpec] = {"cond": StreamSpec(prompt_tokens=prompt, max_rows=max_rows)}
     if uncond:
         streams["uncond"] = StreamSpec(prompt_tokens=prompt, max_rows=max_rows)
     return OpenFrame(

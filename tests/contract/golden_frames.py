@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from shared.frame_codec import Buffer
+from shared.frame_types import Buffer
 from shared.frames import DiffusionParams, EditSpec, OpenFrame, StreamSpec
 from shared.handoff_encoder import HandoffEncoder
 

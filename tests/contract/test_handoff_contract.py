@@ -11,7 +11,7 @@ import torch
 from shared import errors
 from shared.checksum import payload_checksum, stream_checksum
 from shared.frame_codec import FrameLimits, decode_frame, encode_rows
-from shared.frames import SCHEMA_VERSION, frame_header
+from shared.frames import SCHEMA_VERSION, StreamName, frame_header
 from shared.handoff_assembler import AssemblyCaps, HandoffReceiver
 from shared.handoff_encoder import HandoffEncoder
 from shared.tensor_codec import tensor_bytes, token_ids_to_bytes
@@ -108,6 +108,7 @@ def test_plain_decode_path_matches():
     frame, wire = encode_rows("r", "cond", 0, [1, 2, 3], rows)
     decoded = decode_frame(join(wire))
     assert decoded.frame == frame
+    assert decoded.rows is not None
     assert torch.equal(bits(decoded.rows), bits(rows))
 
 
@@ -227,7 +228,7 @@ def test_reject_rows_outside_declared_bound(encoder):
     expect(errors.RowsOutOfBounds, join(encoder.open_frame()) + rows_frame(8, past_end))
 
 
-def rows_frame(start: int, rows: torch.Tensor, stream: str = "cond") -> bytes:
+def rows_frame(start: int, rows: torch.Tensor, stream: StreamName = "cond") -> bytes:
     _, wire = encode_rows("req_test", stream, start, list(range(start, start + rows.shape[0])), rows)
     return join(wire)
 

@@ -170,7 +170,9 @@ def test_handoff_token_comes_from_the_env_file_whose_example_ships(env):
     for name in GPU_SERVICES:
         assert source["services"][name]["env_file"] == "${ARDIT_HANDOFF_ENV_FILE:-deploy/handoff.env}"
         assert "ARDIT_HANDOFF_TOKEN" not in source["services"][name]["environment"]
-    token = re.search(r"^ARDIT_HANDOFF_TOKEN=(\S+)$", example, re.MULTILINE).group(1)
+    found = re.search(r"^ARDIT_HANDOFF_TOKEN=(\S+)$", example, re.MULTILINE)
+    assert found is not None
+    token = found.group(1)
     assert rendered(GPU_FILES, env)["services"]["dit"]["environment"]["ARDIT_HANDOFF_TOKEN"] == token
     assert (ROOT / ".gitignore").read_text().count("deploy/handoff.env") == 1
     assert "deploy/handoff.env" in (ROOT / ".dockerignore").read_text().split()

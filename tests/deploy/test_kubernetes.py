@@ -61,7 +61,7 @@ def render(kustomization_dir: Path = KUSTOMIZE_DIR) -> list[dict]:
         if obj
     ]
     for generator in kustomization.get("secretGenerator", []):
-        data = {}
+        data: dict[str, str] = {}
         for name in generator["envs"]:
             data |= env_file(GENERATOR_ENV_STAND_INS[name])
         encoded = {key: base64.b64encode(value.encode()).decode() for key, value in data.items()}
@@ -169,7 +169,9 @@ def crd_schema(group: str, kind: str, version: str) -> dict:
     crd = yaml.safe_load(path.read_text())
     assert crd["spec"]["group"] == group and crd["spec"]["names"]["kind"] == kind
     (served,) = [v for v in crd["spec"]["versions"] if v["name"] == version and v["served"]]
-    return closed(served["schema"]["openAPIV3Schema"])
+    schema = closed(served["schema"]["openAPIV3Schema"])
+    assert isinstance(schema, dict)
+    return schema
 
 
 def custom_validation_errors(obj: dict) -> list[str]:
@@ -243,7 +245,8 @@ def test_a_misspelt_core_field_fails_validation():
         probe["periodSecond"] = probe.pop("periodSeconds")
 
     broken = the("Deployment", "ardit-ar", mutated("Deployment", "ardit-ar", misspell))
-    assert "periodSecond" in core_validation_error(broken)
+    error = core_validation_error(broken)
+    assert error is not None and "periodSecond" in error
 
 
 def test_a_wrongly_typed_core_field_fails_validation():
@@ -251,7 +254,8 @@ def test_a_wrongly_typed_core_field_fails_validation():
         deployment["spec"]["replicas"] = "two"
 
     broken = the("Deployment", "ardit-dit", mutated("Deployment", "ardit-dit", stringify))
-    assert "'two' is not of type 'integer'" in core_validation_error(broken)
+    error = core_validation_error(broken)
+    assert error is not None and "'two' is not of type 'integer'" in error
 
 
 @pytest.mark.parametrize(
@@ -504,7 +508,9 @@ def test_each_tier_scales_on_its_queue_as_the_service_monitor_labels_it(name, me
     for trigger in scaled["spec"]["triggers"]:
         assert trigger["type"] == "prometheus"
         query = trigger["metadata"]["query"]
-        (metric, labels) = re.fullmatch(r"sum\(([\w:]+)\{(.*)\}\)", query).groups()
+        parsed = re.fullmatch(r"sum\(([\w:]+)\{(.*)\}\)", query)
+        assert parsed is not None, query
+        (metric, labels) = parsed.groups()
         selector = dict(re.findall(r'(\w+)="([^"]*)"', labels))
         assert selector["namespace"] == NAMESPACE and selector["service"] in scraped
         pods = pods_selected(the("Service", selector["service"])["spec"]["selector"])

@@ -218,6 +218,8 @@ def test_recorded_signal_has_data_after_traffic(prometheus, rule):
 
 @pytest.mark.parametrize("rule", rules("alert"), ids=lambda rule: rule["alert"])
 def test_alert_signal_has_data_after_traffic(prometheus, rule):
-    signal = ALERT_EXPR.fullmatch(rule["expr"].strip()).group("signal")
+    parsed = ALERT_EXPR.fullmatch(rule["expr"].strip())
+    assert parsed is not None, rule["expr"]
+    signal = parsed.group("signal")
     assert any(math.isfinite(value) for value in values(prometheus, signal)), signal
     values(prometheus, rule["expr"])  # and the comparison itself evaluates

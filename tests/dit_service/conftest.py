@@ -22,6 +22,7 @@ BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "deploy" / "checkpoints" / 
 
 def load_build_script() -> ModuleType:
     spec = importlib.util.spec_from_file_location("build_tiny_qwen_image", BUILD_SCRIPT)
+    assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

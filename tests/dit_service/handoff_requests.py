@@ -11,7 +11,7 @@ import httpx
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from shared.frames import DiffusionParams, OpenFrame, StreamSpec
+from shared.frames import DiffusionParams, OpenFrame, StreamName, StreamSpec
 from shared.handoff_encoder import HandoffEncoder
 from shared.result_frames import HANDOFF_MEDIA_TYPE, ImageFrame, PartialImageFrame, ResultFrame, ResultReader
 
@@ -48,7 +48,9 @@ def open_frame(
     prefix_tokens: int | None = 0,
     traceparent: str | None = None,
 ) -> OpenFrame:
-    streams = {"cond": StreamSpec(prompt_tokens=cond_rows, max_rows=max_rows or cond_rows, prefix_tokens=prefix_tokens)}
+    streams: dict[StreamName, StreamSpec] = {
+        "cond": StreamSpec(prompt_tokens=cond_rows, max_rows=max_rows or cond_rows, prefix_tokens=prefix_tokens)
+    }
     if uncond_rows is not None:
         streams["uncond"] = StreamSpec(
             prompt_tokens=uncond_rows, max_rows=max_rows or uncond_rows, prefix_tokens=prefix_tokens
@@ -79,8 +81,8 @@ def complete_handoff(
     **open_options,
 ) -> list[bytes]:
     """open, rows (split into frames of ``frame_rows``, optionally last first), close."""
-    streams = {"cond": cond} if uncond is None else {"cond": cond, "uncond": uncond}
-    ids = {"cond": cond_ids or token_ids(cond.shape[0])}
+    streams: dict[StreamName, torch.Tensor] = {"cond": cond} if uncond is None else {"cond": cond, "uncond": uncond}
+    ids: dict[StreamName, list[int]] = {"cond": cond_ids or token_ids(cond.shape[0])}
     if uncond is not None:
         ids["uncond"] = token_ids(uncond.shape[0], first=500)
     encoder = HandoffEncoder(
@@ -98,8 +100,8 @@ def complete_handoff(
         starts = list(range(0, rows.shape[0], step))
         for start in reversed(starts) if reverse else starts:
             parts += encoder.rows(name, start, ids[name][start : start + step], rows[start : start + step])
-    starts = {name: rows.shape[0] if answer_start is None else answer_start for name, rows in streams.items()}
-    parts += encoder.close(ids, starts, cached_tokens=0, cache_creation_tokens=0)
+    answer_starts = {name: rows.shape[0] if answer_start is None else answer_start for name, rows in streams.items()}
+    parts += encoder.close(ids, answer_starts, cached_tokens=0, cache_creation_tokens=0)
     return [bytes(p) for p in parts]
 
 
@@ -109,6 +111,12 @@ class HandoffAnswer:
     headers: httpx.Headers
     error: dict | None = None
     frames: list[ResultFrame] = field(default_factory=list)
+
+    @property
+    def refusal(self) -> dict:
+        """The error body of a refused handoff."""
+        assert self.error is not None, f"the handoff was not refused (status {self.status})"
+        return self.error
 
     @property
     def images(self) -> list[ImageFrame]:

@@ -35,4 +35,5 @@ def test_run_tickets_cover_running_plus_queued_and_block_new_handoffs_when_gone(
     third = admission.run_ticket()
     with pytest.raises(ApiError):
         admission.run_ticket()
-    second.release(), third.release()
+    second.release()
+    third.release()

@@ -47,7 +47,7 @@ def test_a_model_that_cannot_load_keeps_the_service_unready(tmp_path):
             complete_handoff(hidden_rows(4)),
             headers={"authorization": "Bearer t", "content-type": "application/vnd.ardit.handoff+msgpack"},
         )
-        assert answer.status == 503 and answer.error["code"] == "model_not_ready"
+        assert answer.status == 503 and answer.refusal["code"] == "model_not_ready"
         assert answer.headers["retry-after"]
     finally:
         server.stop()

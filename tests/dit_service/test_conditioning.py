@@ -22,9 +22,9 @@ from dit_service.image_encoder import ImageEncoder
 from dit_service.latent_decoder import LatentDecoder
 from dit_service.metrics import DitMetrics
 from dit_service.pipeline_runner import PipelineRunner, RenderJob
-from shared.frames import CloseFrame, StreamTotals
+from shared.frames import CloseFrame, StreamName, StreamTotals
 from shared.handoff_assembler import AssembledHandoff, AssembledStream
-from shared.result_frames import ImageFrame
+from shared.result_frames import ImageFrame, ResultFrame
 from shared.tensor_codec import token_ids_to_bytes
 from tests.dit_service.handoff_requests import open_frame, params
 
@@ -54,7 +54,7 @@ def stream(
 
 
 def handoff(cond: AssembledStream, uncond: AssembledStream | None = None) -> AssembledHandoff:
-    streams = {"cond": cond} if uncond is None else {"cond": cond, "uncond": uncond}
+    streams: dict[StreamName, AssembledStream] = {"cond": cond} if uncond is None else {"cond": cond, "uncond": uncond}
     totals = {
         name: StreamTotals(
             rows=s.rows.shape[0],
@@ -89,6 +89,7 @@ def test_qwen_image_takes_the_prompt_rows_after_the_prefix():
 def test_qwen_image_selects_the_negative_stream_the_same_way():
     uncond = stream([1, 2, 3, 20, 21, 50, 60], answer_start=5)
     cond = QwenImageAdapter(options()).select(handoff(stream(TOKENS, ANSWER_START), uncond))
+    assert cond.negative_prompt_embeds is not None and cond.negative_prompt_embeds_mask is not None
     assert selected(cond.negative_prompt_embeds, cond.negative_prompt_embeds_mask) == [3, 4]
 
 
@@ -173,7 +174,7 @@ def test_padding_with_a_mask_gives_the_latents_and_image_of_trimming(tiny_model)
                 output_type="latent",
             ).images
         )
-        frames = []
+        frames: list[ResultFrame] = []
         runner.render(RenderJob("r", cond, params(num_inference_steps=3)), frames.append, threading.Event())
         [image] = [f for f in frames if isinstance(f, ImageFrame)]
         images.append(np.asarray(Image.open(io.BytesIO(image.data)), dtype=int))

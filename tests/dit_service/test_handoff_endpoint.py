@@ -16,6 +16,7 @@ from dit_service.settings import DitSettings
 from shared.frame_codec import encode_frame, encode_rows
 from shared.frames import SCHEMA_VERSION, CloseFrame, EditSpec, StreamTotals, frame_header
 from shared.handoff_encoder import HandoffEncoder
+from shared.result_frames import DoneFrame
 from shared.tensor_codec import token_ids_to_bytes
 from tests.dit_service.handoff_requests import (
     HIDDEN,
@@ -66,7 +67,9 @@ def test_complete_handoff_renders_an_image_of_the_requested_size(dit_server):
     image = image_of(answer.images[0])
     assert image.format == "PNG" and image.size == (48, 32)
     assert (answer.images[0].width, answer.images[0].height) == (48, 32)
-    assert set(answer.frames[-1].timings) >= {"queue", "denoise", "vae_decode", "encode", "total"}
+    done = answer.frames[-1]
+    assert isinstance(done, DoneFrame)
+    assert set(done.timings) >= {"queue", "denoise", "vae_decode", "encode", "total"}
     assert_released(dit_server.url)
 
 
@@ -109,7 +112,7 @@ def test_an_edit_handoff_renders_from_its_image(dit_server, mask):
 
 def test_an_edit_without_its_announced_mask_is_refused_and_releases_memory(dit_server):
     answer = post_handoff(dit_server.url, edit_handoff(mask=True, send_mask=False))
-    assert answer.status == 400 and answer.error["code"] == "missing_pixels"
+    assert answer.status == 400 and answer.refusal["code"] == "missing_pixels"
     assert_released(dit_server.url)
 
 
@@ -120,7 +123,7 @@ def test_an_edit_over_the_pixel_limit_allocates_nothing(dit_server):
         update={"edit": EditSpec(strength=0.5)}
     )
     answer = post_handoff(dit_server.url, [bytes(p) for p in HandoffEncoder(opened).open_frame()])
-    assert answer.status == 413 and answer.error["code"] == "allocation_too_large"
+    assert answer.status == 413 and answer.refusal["code"] == "allocation_too_large"
     assert_released(dit_server.url)
 
 
@@ -288,9 +291,9 @@ def test_contract_violation_is_a_typed_4xx_and_releases_memory(dit_server, make_
     failures = metric(dit_server.url, "ardit_dit_handoff_failures_total", reason=code)
     answer = post_handoff(dit_server.url, make_body())
     assert answer.status == status
-    assert answer.error["code"] == code
-    assert answer.error["type"] == "handoff_error"
-    assert answer.error["message"]
+    assert answer.refusal["code"] == code
+    assert answer.refusal["type"] == "handoff_error"
+    assert answer.refusal["message"]
     assert metric(dit_server.url, "ardit_dit_handoff_failures_total", reason=code) == failures + 1
     assert_released(dit_server.url)
 
@@ -313,8 +316,8 @@ def test_conditioning_mismatch_is_refused_at_open(dit_server, open_options, para
     hidden = open_options.get("hidden", HIDDEN)
     answer = post_handoff(dit_server.url, complete_handoff(hidden_rows(ROWS, hidden=hidden), **open_options))
     assert answer.status == 422
-    assert answer.error["code"] == "conditioning_mismatch"
-    assert answer.error["param"] == param
+    assert answer.refusal["code"] == "conditioning_mismatch"
+    assert answer.refusal["param"] == param
     assert_released(dit_server.url)
 
 
@@ -346,17 +349,17 @@ def test_conditioning_mismatch_is_refused_at_open(dit_server, open_options, para
 def test_diffusion_params_the_model_cannot_honour_are_refused(dit_server, diffusion, param):
     answer = post_handoff(dit_server.url, complete_handoff(hidden_rows(ROWS), diffusion=diffusion))
     assert answer.status == 422
-    assert answer.error["code"] == "invalid_diffusion_params"
-    assert answer.error["param"] == param
+    assert answer.refusal["code"] == "invalid_diffusion_params"
+    assert answer.refusal["param"] == param
     assert_released(dit_server.url)
 
 
 def test_prompt_longer_than_max_sequence_length_is_refused(dit_server):
     answer = post_handoff(dit_server.url, complete_handoff(hidden_rows(70), frame_rows=16))
     assert answer.status == 422
-    assert answer.error["code"] == "prompt_too_long"
-    assert answer.error["message"] == "prompt too long for the DiT (70 > 64 rows)"
-    assert answer.error["param"] == "prompt"
+    assert answer.refusal["code"] == "prompt_too_long"
+    assert answer.refusal["message"] == "prompt too long for the DiT (70 > 64 rows)"
+    assert answer.refusal["param"] == "prompt"
     assert_released(dit_server.url)
 
 
@@ -367,7 +370,7 @@ def test_prompt_longer_than_max_sequence_length_is_refused(dit_server):
 def test_missing_or_wrong_token_is_401(dit_server, token):
     answer = post_handoff(dit_server.url, complete_handoff(hidden_rows(ROWS)), headers=handoff_headers(token))
     assert answer.status == 401
-    assert answer.error["code"] == "invalid_handoff_token"
+    assert answer.refusal["code"] == "invalid_handoff_token"
     assert answer.headers["www-authenticate"] == "Bearer"
 
 
@@ -375,7 +378,7 @@ def test_wrong_media_type_is_415(dit_server):
     headers = {**handoff_headers(), "content-type": "application/json"}
     answer = post_handoff(dit_server.url, complete_handoff(hidden_rows(ROWS)), headers=headers)
     assert answer.status == 415
-    assert answer.error["code"] == "unsupported_media_type"
+    assert answer.refusal["code"] == "unsupported_media_type"
 
 
 def test_stalled_handoff_times_out_and_releases_memory(dit_server):
@@ -400,7 +403,7 @@ def test_full_handoff_slots_answer_429_with_retry_after(narrow_server):
         wait_for(lambda: metric(narrow_server.url, "ardit_dit_handoffs_in_flight") == 1)
         answer = post_handoff(narrow_server.url, complete_handoff(hidden_rows(ROWS)))
         assert answer.status == 429
-        assert answer.error["code"] == "too_many_handoffs"
+        assert answer.refusal["code"] == "too_many_handoffs"
         assert int(answer.headers["retry-after"]) >= 1
     finally:
         holder.close()
@@ -418,4 +421,4 @@ def test_unconfigured_token_refuses_every_handoff(tmp_path):
     finally:
         server.stop()
     assert answer.status == 503
-    assert answer.error["code"] == "handoff_auth_not_configured"
+    assert answer.refusal["code"] == "handoff_auth_not_configured"

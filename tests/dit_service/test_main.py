@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -23,8 +24,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @contextmanager
-def dit_process(checkpoint: Path, **environment: str) -> Iterator[str]:
-    """``python -m dit_service`` with ``environment`` added, ready; yields its URL."""
+def dit_process(checkpoint: Path, **environment: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """``python -m dit_service`` with ``environment`` added, ready; yields its URL and process."""
     port = free_port()
     env = {
         **os.environ,
@@ -39,6 +40,7 @@ def dit_process(checkpoint: Path, **environment: str) -> Iterator[str]:
     process = subprocess.Popen(
         [sys.executable, "-m", "dit_service"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
+    assert process.stdout is not None
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -51,7 +53,7 @@ def dit_process(checkpoint: Path, **environment: str) -> Iterator[str]:
                 pass
             assert time.monotonic() < deadline, "not ready in time"
             time.sleep(0.2)
-        yield url
+        yield url, process
     finally:
         process.terminate()
         process.wait(timeout=30)
@@ -73,7 +75,7 @@ def test_a_model_that_cannot_load_makes_the_process_exit_non_zero(tmp_path):
 
 
 def test_module_entrypoint_serves_handoffs(tiny_checkpoint):
-    with dit_process(tiny_checkpoint) as url:
+    with dit_process(tiny_checkpoint) as (url, _):
         answer = post_handoff(url, complete_handoff(hidden_rows(6)), headers=handoff_headers("from-env"))
     assert answer.status == 200 and answer.kinds == ["image", "done"]
 
@@ -86,7 +88,7 @@ def test_otel_variables_send_the_handoff_spans_to_a_collector_in_the_senders_tra
             "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
             "OTEL_BSP_SCHEDULE_DELAY": "100",
         }
-        with dit_process(tiny_checkpoint, **environment) as url:
+        with dit_process(tiny_checkpoint, **environment) as (url, _):
             parts = complete_handoff(hidden_rows(6), traceparent=f"00-{trace_id}-{sender_span}-01")
             assert post_handoff(url, parts, headers=handoff_headers("from-env")).status == 200
             deadline = time.monotonic() + 30
@@ -106,3 +108,12 @@ def test_otel_variables_send_the_handoff_spans_to_a_collector_in_the_senders_tra
     handoff = spans.pop("ardit.dit.handoff")
     assert handoff.parent_span_id == sender_span
     assert all(span.parent_span_id == handoff.span_id for span in spans.values())
+
+
+def test_sigint_stops_the_service_with_exit_code_0_and_no_traceback(tiny_checkpoint):
+    # What the launcher sends each service on Ctrl-C.
+    with dit_process(tiny_checkpoint) as (_, process):
+        process.send_signal(signal.SIGINT)
+        output, _ = process.communicate(timeout=30)
+    assert process.returncode == 0
+    assert b"Traceback" not in output, output.decode()[-3000:]

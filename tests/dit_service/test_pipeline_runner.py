@@ -8,7 +8,11 @@ import threading
 import numpy as np
 import pytest
 import torch
-from diffusers import QwenImageImg2ImgPipeline, QwenImageInpaintPipeline, QwenImagePipeline
+
+# From their own modules: to a type checker diffusers' top-level names are its no-torch placeholder classes.
+from diffusers.pipelines.qwenimage.pipeline_qwenimage import QwenImagePipeline
+from diffusers.pipelines.qwenimage.pipeline_qwenimage_img2img import QwenImageImg2ImgPipeline
+from diffusers.pipelines.qwenimage.pipeline_qwenimage_inpaint import QwenImageInpaintPipeline
 from PIL import Image
 from prometheus_client import CollectorRegistry
 
@@ -18,7 +22,7 @@ from dit_service.image_encoder import ImageEncoder
 from dit_service.latent_decoder import LatentDecoder
 from dit_service.metrics import DitMetrics
 from dit_service.pipeline_runner import PipelineRunner, RenderCancelled, RenderJob
-from shared.result_frames import ImageFrame, PartialImageFrame, ProgressFrame
+from shared.result_frames import ImageFrame, PartialImageFrame, ProgressFrame, ResultFrame
 from tests.dit_service.handoff_requests import hidden_rows, params
 
 pytestmark = pytest.mark.slow
@@ -46,13 +50,13 @@ def conditioning(rows: int = 9, seed: int = 0, negative: bool = False) -> Condit
 
 def render(runner, job) -> list:
     """The previews and images a render emits (progress frames are left out)."""
-    frames = []
+    frames: list[ResultFrame] = []
     runner.render(job, frames.append, threading.Event())
     return [f for f in frames if not isinstance(f, ProgressFrame)]
 
 
 def test_progress_is_reported_after_every_step_of_every_image(runner):
-    frames = []
+    frames: list[ResultFrame] = []
     runner.render(
         RenderJob("r", conditioning(), params(num_images=2, num_inference_steps=3)), frames.append, threading.Event()
     )
@@ -158,13 +162,13 @@ def test_every_denoising_step_is_timed_and_every_image_sized(tiny_model):
     job = RenderJob("r", conditioning(), params(num_inference_steps=3, num_images=2, partial_images=1, width=48))
     denoise_started = metrics.denoise_seconds._sum.get()
     render(runner, job)
-    steps = metrics.denoise_step_seconds.collect()[0]
+    steps = next(iter(metrics.denoise_step_seconds.collect()))
     [count] = [s.value for s in steps.samples if s.name.endswith("_count")]
     [step_sum] = [s.value for s in steps.samples if s.name.endswith("_sum")]
     assert count == 3 * 2
     # Steps add up to no more than the denoising loops, previews left out of both.
     assert 0 < step_sum <= metrics.denoise_seconds._sum.get() - denoise_started
-    pixels_of = {s.labels.get("le"): s.value for s in metrics.image_pixels.collect()[0].samples}
+    pixels_of = {s.labels.get("le"): s.value for s in next(iter(metrics.image_pixels.collect())).samples}
     assert pixels_of["65536.0"] == 2  # two 48x32 images, in the smallest bucket
 
 
@@ -207,7 +211,8 @@ def test_edits_are_bitwise_those_of_plain_diffusers_edit_pipelines(runner, refer
     [frame] = render(runner, edit_job(EditInput(edit_image(), mask, 0.5)))
     components = {name: getattr(reference_pipeline, name) for name in ("vae", "transformer", "scheduler")}
     kind = QwenImageInpaintPipeline if masked else QwenImageImg2ImgPipeline
-    pipeline = kind(**components, text_encoder=None, tokenizer=None)
+    # diffusers annotates text_encoder/tokenizer as required, but None is how a pipeline runs without them.
+    pipeline = kind(**components, text_encoder=None, tokenizer=None)  # type: ignore[arg-type]
     pipeline.set_progress_bar_config(disable=True)
     image = pipeline.image_processor.preprocess(edit_image())
     extra = {}
@@ -254,7 +259,7 @@ def test_strength_zero_runs_no_step_and_returns_the_vae_round_trip(runner, refer
 @pytest.mark.parametrize(("strength", "steps"), [(1.0, 4), (0.5, 2), (0.3, 2), (0.1, 1), (0.0, 0)])
 def test_strength_is_the_part_of_the_schedule_that_runs(runner, strength, steps):
     """Of 4 steps, the last ceil(4 x strength) run (diffusers' img2img arithmetic)."""
-    frames = []
+    frames: list[ResultFrame] = []
     runner.render(edit_job(EditInput(edit_image(), None, strength), num_images=2), frames.append, threading.Event())
     progress = [(f.step, f.steps) for f in frames if isinstance(f, ProgressFrame)]
     assert progress == [(step, 2 * steps) for step in range(1, 2 * steps + 1)]

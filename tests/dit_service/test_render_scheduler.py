@@ -5,14 +5,17 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Iterable
+from typing import cast
 
 import pytest
 import torch
 from prometheus_client import CollectorRegistry
 
+from dit_service.batch_runner import BatchRunner
 from dit_service.conditioning import Conditioning
 from dit_service.metrics import DitMetrics
-from dit_service.pipeline_runner import RenderCancelled, RenderJob, RenderTimings
+from dit_service.pipeline_runner import PipelineRunner, RenderCancelled, RenderJob, RenderTimings
 from dit_service.render_scheduler import RenderScheduler
 from tests.dit_service.handoff_requests import params
 
@@ -45,16 +48,16 @@ def job(name: str, **overrides) -> RenderJob:
     return RenderJob(name, COND, params(**overrides))
 
 
-def schedule(jobs: list[RenderJob], max_batch: int, cancelled: set[str] = frozenset()):
+def schedule(jobs: list[RenderJob], max_batch: int, cancelled: Iterable[str] = frozenset()):
     recorder = Recorder()
 
     async def scenario():
         metrics = DitMetrics(CollectorRegistry())
         scheduler = RenderScheduler(
-            recorder,
-            BatchView(recorder),
+            cast(PipelineRunner, recorder),  # the fakes stand in for both runners
+            cast(BatchRunner, BatchView(recorder)),
             asyncio.Semaphore(1),
-            metrics,  # type: ignore[arg-type]
+            metrics,
             max_batch_size=max_batch,
             window=0.02,
         )

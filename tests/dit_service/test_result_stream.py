@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import AsyncGenerator
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypedDict
 
 import httpx
 import pytest
@@ -20,7 +22,8 @@ from dit_service.render_scheduler import RenderScheduler
 from dit_service.result_stream import ResultStream
 from services.errors import ApiError
 from services.fatal import Fatal
-from shared.result_frames import RESULT_MEDIA_TYPE, ImageFrame, PartialImageFrame, ResultReader
+from shared.frames import OutputFormat
+from shared.result_frames import RESULT_MEDIA_TYPE, ImageFrame, PartialImageFrame, ResultFrame, ResultReader
 from tests.dit_service.handoff_requests import (
     complete_handoff,
     handoff_headers,
@@ -31,7 +34,17 @@ from tests.dit_service.handoff_requests import (
 )
 
 JOB = RenderJob("req_x", Conditioning(torch.zeros(1, 1, 4), torch.ones(1, 1, dtype=torch.long)), params())
-FRAME = {"request_id": "req_x", "image_index": 0, "output_format": "png"}
+
+
+class ImageFields(TypedDict):
+    """What a preview and the final image of JOB's first image share."""
+
+    request_id: str
+    image_index: int
+    output_format: OutputFormat
+
+
+FRAME: ImageFields = {"request_id": "req_x", "image_index": 0, "output_format": "png"}
 
 
 def result_stream(
@@ -87,8 +100,9 @@ def collect(behaviour: str, fatal: Fatal | None = None, progress_interval: float
         response = stream.respond(JOB, admission.run_ticket(), time.monotonic(), handoff_seconds=0.5)
         assert response.media_type == RESULT_MEDIA_TYPE
         reader = ResultReader()
-        frames = []
+        frames: list[ResultFrame] = []
         async for chunk in response.body_iterator:
+            assert isinstance(chunk, bytes)
             frames += reader.feed(chunk)
         return frames
 
@@ -144,6 +158,7 @@ def test_a_consumer_that_goes_away_stops_the_run_and_capacity_returns_only_when_
         metrics = DitMetrics(CollectorRegistry())
         response = result_stream(runner, admission, metrics).respond(JOB, admission.run_ticket(), 0.0, 0.0)
         frames = response.body_iterator
+        assert isinstance(frames, AsyncGenerator)
         await anext(frames)  # the preview: the run is under way
         await frames.aclose()  # what a disconnect does to the response
         assert not runner.finished.is_set()
@@ -163,6 +178,7 @@ def test_a_response_that_never_streams_still_stops_its_run_and_returns_its_ticke
         runner = ScriptedRunner("wait_for_cancel")
         response = result_stream(runner, admission).respond(JOB, admission.run_ticket(), 0.0, 0.0)
         await asyncio.to_thread(runner.started.wait, 10)
+        assert response.background is not None
         await response.background()  # what Starlette runs when the client is gone before the first byte
         await wait_until(runner.finished)
         admission.run_ticket().release()
@@ -237,7 +253,7 @@ def test_disconnect_mid_run_interrupts_it_and_frees_the_pipeline(narrow_server):
         assert metric(url, "ardit_dit_pipeline_runs_in_flight") == 1
         # The only run slot is taken and nothing may queue: refused up front.
         busy = post_handoff(url, complete_handoff(hidden_rows(10)))
-        assert busy.status == 429 and busy.error["code"] == "pipeline_queue_full"
+        assert busy.status == 429 and busy.refusal["code"] == "pipeline_queue_full"
         assert busy.headers["retry-after"]
     deadline = time.monotonic() + 10
     while metric(url, "ardit_dit_pipeline_runs_in_flight") or not metric(

@@ -16,6 +16,7 @@ def test_environment_configures_the_service(monkeypatch, tmp_path):
     settings = DitSettings()
     assert settings.model_dir == tmp_path and settings.port == 9100
     assert settings.special_token_ids == frozenset({1, 2, 3})
+    assert settings.handoff_token is not None
     assert settings.handoff_token.get_secret_value() == "shared-secret"
     assert settings.assembly_caps.max_rows == 100
     assert settings.frame_limits.max_payload_bytes == 4096

@@ -67,14 +67,18 @@ def test_invalid_requests_are_400_naming_the_param(stack, payload, param):
 def test_client_raises_bad_request(client):
     with pytest.raises(openai.BadRequestError) as info:
         client.images.generate(prompt="x", size="100x100")
-    assert info.value.body["param"] == "size"
+    refusal = info.value.body
+    assert isinstance(refusal, dict)
+    assert refusal["param"] == "size"
 
 
 def test_bad_key_is_401(stack):
     bad = OpenAI(base_url=stack.api_base, api_key="sk-wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError) as info:
         bad.images.generate(prompt="x", size="64x64")
-    assert info.value.body["code"] == "invalid_api_key"
+    refusal = info.value.body
+    assert isinstance(refusal, dict)
+    assert refusal["code"] == "invalid_api_key"
 
 
 def test_missing_key_is_401(stack):
@@ -87,7 +91,9 @@ def test_missing_key_is_401(stack):
 def test_unknown_model_is_404(client, stack):
     with pytest.raises(openai.NotFoundError) as info:
         client.images.generate(model="gpt-image-9", prompt="x", size="64x64")
-    assert info.value.body["code"] == "model_not_found"
+    refusal = info.value.body
+    assert isinstance(refusal, dict)
+    assert refusal["code"] == "model_not_found"
 
 
 def test_admin_reset_requires_the_admin_token(stack):
@@ -108,7 +114,9 @@ def test_health_on_both_and_503_while_the_dit_is_not_ready(stack, client):
         assert body.status_code == 503 and "unreachable" in body.json()["reason"]
         with pytest.raises(openai.InternalServerError) as info:
             client.images.generate(prompt="x", size="64x64", extra_body={"num_inference_steps": 2})
-        assert info.value.status_code == 503 and info.value.body["code"] == "not_ready"
+        refusal = info.value.body
+        assert isinstance(refusal, dict)
+        assert info.value.status_code == 503 and refusal["code"] == "not_ready"
     assert httpx.get(f"{stack.ar.url}/readyz").status_code == 200
 
 

@@ -111,7 +111,9 @@ def test_image_list_of_one_is_the_same_edit(client):
 def test_more_than_one_image_is_refused_naming_image(client):
     with pytest.raises(openai.BadRequestError) as info:
         client.images.edit(image=[input_png(), input_png()], prompt="two", extra_body=FAST)
-    assert info.value.body["param"] == "image" and info.value.body["code"] == "unsupported_value"
+    error_body = info.value.body
+    assert isinstance(error_body, dict)
+    assert error_body["param"] == "image" and error_body["code"] == "unsupported_value"
 
 
 def test_strength_zero_returns_the_inputs_vae_round_trip(client):
@@ -235,6 +237,7 @@ def refused(client, stack: Stack, **kwargs) -> dict:
         client.images.edit(prompt="x", **{"extra_body": FAST, **kwargs})
     assert work_done(stack) == before
     body = info.value.body
+    assert isinstance(body, dict)
     assert set(body) == {"message", "type", "param", "code"} and body["type"] == "invalid_request_error"
     return body
 
@@ -302,7 +305,9 @@ def test_variations_are_a_clear_404(client):
     # The client marks create_variation deprecated (DALL·E 2 only).
     with pytest.raises(openai.NotFoundError) as info, pytest.deprecated_call():
         client.images.create_variation(image=input_png())
-    assert info.value.body["code"] == "unsupported_endpoint" and "edits" in info.value.body["message"]
+    error_body = info.value.body
+    assert isinstance(error_body, dict)
+    assert error_body["code"] == "unsupported_endpoint" and "edits" in error_body["message"]
 
 
 @pytest.mark.parametrize(

@@ -31,10 +31,12 @@ def settled(stack: Stack, timeout: float = 30.0) -> dict[str, float]:
     engine = stack.runtime.engine
 
     def counts() -> dict[str, float]:
+        channel = engine.channel
+        assert channel is not None
         return {
             "ar_requests": sample(stack.ar.url, "ardit_ar_requests_in_flight"),
             "ar_handoffs": sample(stack.ar.url, "ardit_ar_handoffs_in_flight"),
-            "row_queues": engine.channel.open_queues,
+            "row_queues": channel.open_queues,
             "engine_requests": engine.vllm.output_processor.get_num_unfinished_requests(),
             "dit_handoffs": sample(stack.dit.url, "ardit_dit_handoffs_in_flight"),
             "dit_runs": sample(stack.dit.url, "ardit_dit_pipeline_runs_in_flight"),

@@ -12,6 +12,7 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
+from schemathesis.core.result import Ok
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from shared.result_frames import HANDOFF_MEDIA_TYPE
@@ -43,6 +44,7 @@ def exercise(url: str, token: str) -> list[str]:
     schema = schemathesis.openapi.from_url(f"{url}/openapi.json")
     exercised = []
     for result in schema.get_all_operations():
+        assert isinstance(result, Ok), f"an operation of the schema is invalid: {result.err()}"
         operation = result.ok()
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
 

@@ -97,7 +97,7 @@ def generate(url: str, seed: int, **headers: str) -> httpx.Response:
 
 def test_kv_events_carry_the_blocks_of_a_requests_prompt_and_render_gives_their_tokens(replicas):
     replica = replicas[0]
-    subscriber = zmq.Context.instance().socket(zmq.SUB)
+    subscriber: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.SUB)
     subscriber.setsockopt(zmq.SUBSCRIBE, b"")
     subscriber.connect(replica.kv_events)
     time.sleep(1.0)  # a subscriber gets only what is published after it is connected
@@ -187,7 +187,7 @@ def test_a_killed_replica_is_dropped_after_the_routers_health_check(router, repl
     replicas[1].process.send_signal(signal.SIGKILL)
     replicas[1].process.wait(30)
     killed_at = time.monotonic()
-    statuses = []
+    statuses: list[int] = []
     while time.monotonic() - killed_at < 60:
         statuses.append(generate(router, len(statuses)).status_code)
         if statuses[-4:] == [200] * 4:

@@ -28,7 +28,8 @@ def client_for(stack: Stack, max_retries: int = 0, http_client: httpx.Client | N
         api_key=API_KEY,
         max_retries=max_retries,
         timeout=300,
-        http_client=http_client,
+        # openai accepts an httpx.Client as well as its own httpx2.Client, but annotates only the latter.
+        http_client=http_client,  # type: ignore[arg-type]
         _strict_response_validation=True,
     )
 
@@ -62,7 +63,9 @@ def test_a_full_queue_refuses_a_stream_with_a_429_the_client_raises(stack, full_
     with pytest.raises(openai.RateLimitError) as info:
         stream(client_for(stack))
     assert time.monotonic() - started < 5  # refused at once, not after a wait
-    assert info.value.status_code == 429 and info.value.body["code"] == "rate_limit_exceeded"
+    error_body = info.value.body
+    assert isinstance(error_body, dict)
+    assert info.value.status_code == 429 and error_body["code"] == "rate_limit_exceeded"
     assert int(info.value.response.headers["retry-after"]) >= 1
 
 
@@ -85,14 +88,18 @@ def test_a_dit_that_is_not_ready_refuses_a_stream_with_a_503(stack):
         pytest.raises(openai.InternalServerError) as info,
     ):
         stream(client_for(stack))
-    assert info.value.status_code == 503 and info.value.body["code"] == "not_ready"
+    error_body = info.value.body
+    assert isinstance(error_body, dict)
+    assert info.value.status_code == 503 and error_body["code"] == "not_ready"
     assert int(info.value.response.headers["retry-after"]) >= 1
 
 
 def test_invalid_parameters_refuse_a_stream_with_a_400(stack):
     with pytest.raises(openai.BadRequestError) as info:
         client_for(stack).images.generate(prompt="x", size="100x100", stream=True)
-    assert info.value.body["param"] == "size"
+    error_body = info.value.body
+    assert isinstance(error_body, dict)
+    assert error_body["param"] == "size"
 
 
 def test_keep_alive_comments_arrive_during_a_long_silent_render(stack, monkeypatch):

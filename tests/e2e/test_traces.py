@@ -65,6 +65,7 @@ def ended(spans: InMemorySpanExporter, name: str, request_id: str, timeout: floa
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for span in spans.get_finished_spans():
+            assert span.attributes is not None
             if span.name == name and span.attributes.get("ardit.request_id") == request_id:
                 return span
         time.sleep(0.1)
@@ -81,6 +82,12 @@ def trace_of(spans: InMemorySpanExporter, request_id: str) -> list[ReadableSpan]
 def one(spans: list[ReadableSpan], name: str) -> ReadableSpan:
     [span] = [s for s in spans if s.name == name]
     return span
+
+
+def interval(span: ReadableSpan) -> tuple[int, int]:
+    """When an ended span started and ended (nanoseconds)."""
+    assert span.start_time is not None and span.end_time is not None, f"{span.name} has not ended"
+    return span.start_time, span.end_time
 
 
 def parent_of(span: ReadableSpan) -> int | None:
@@ -100,21 +107,24 @@ def test_one_request_is_one_trace_with_both_services_spans_in_order(stack, spans
     assert parent_of(server) == int(CLIENT_SPAN_ID, 16) and server.kind == SpanKind.SERVER
     assert parent_of(handoff) == server.context.span_id and handoff.kind == SpanKind.CLIENT
     assert parent_of(dit) == handoff.context.span_id and dit.kind == SpanKind.SERVER
+    assert handoff.instrumentation_scope is not None and dit.instrumentation_scope is not None
     assert handoff.instrumentation_scope.name == "ardit.ar" and dit.instrumentation_scope.name == "ardit.dit"
     stages = [one(spans_of_request, name) for name in DIT_STAGES]
     assert all(parent_of(stage) == dit.context.span_id for stage in stages)
+    assert dit.attributes is not None and server.attributes is not None
     assert dit.attributes["ardit.request_id"] == request_id and server.attributes["http.route"] == (
         "/v1/images/generations"
     )
 
     # Time order: each span inside its parent; the DiT's stages one after another.
     def inside(child: ReadableSpan, parent: ReadableSpan) -> bool:
-        return parent.start_time <= child.start_time and child.end_time <= parent.end_time
+        (child_start, child_end), (parent_start, parent_end) = interval(child), interval(parent)
+        return parent_start <= child_start and child_end <= parent_end
 
     assert inside(handoff, server) and inside(dit, handoff)
-    receive, queue, denoise, vae_decode, encode = stages
-    assert receive.end_time <= queue.end_time <= denoise.start_time
-    assert denoise.end_time <= vae_decode.start_time and vae_decode.end_time <= encode.start_time
+    receive, queue, denoise, vae_decode, encode = (interval(stage) for stage in stages)  # (start, end) each
+    assert receive[1] <= queue[1] <= denoise[0]
+    assert denoise[1] <= vae_decode[0] and vae_decode[1] <= encode[0]
 
 
 def test_a_request_without_traceparent_starts_its_own_trace(stack, spans):
@@ -197,4 +207,5 @@ def test_otel_variables_export_the_ars_spans_and_vllms_in_the_dits_trace(stack, 
     # vLLM's own span for the engine request, and the DiT's, are children of the AR's handoff span.
     assert exported["llm_request"].parent_span_id == handoff.span_id
     dit = ended(spans, "ardit.dit.handoff", response.headers["x-request-id"])
+    assert dit.parent is not None
     assert format(dit.parent.span_id, "016x") == handoff.span_id

@@ -16,6 +16,7 @@ def test_restarts_back_off_and_a_crash_loop_is_given_up():
     delays = []
     for _ in range(MAX_CRASHES - 1):
         assert service.crashed(now=100.0)
+        assert service.restart_at is not None
         delays.append(service.restart_at - 100.0)
     assert delays == sorted(delays) and delays[0] == 1.0
     assert not service.crashed(now=100.0)

@@ -8,7 +8,7 @@ from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 
 from services.tracing import (
     context_from_traceparent,
@@ -42,8 +42,11 @@ def env(monkeypatch):
     return set_env
 
 
-def exporters(provider: TracerProvider) -> list:
-    return [processor.span_exporter for processor in provider._active_span_processor._span_processors]
+def exporters(provider: TracerProvider) -> list[SpanExporter]:
+    processors = provider._active_span_processor._span_processors
+    batched = [processor for processor in processors if isinstance(processor, BatchSpanProcessor)]
+    assert len(batched) == len(processors), f"every span processor is a BatchSpanProcessor: {processors}"
+    return [processor.span_exporter for processor in batched]
 
 
 def test_off_without_any_otel_variable(env):
@@ -68,22 +71,28 @@ def test_the_standard_variables_choose_the_exporters(env, variables, names):
     assert exporter_names() == names
 
 
+def tracing_on(service: str) -> TracerProvider:
+    provider = tracer_provider_from_env(service)
+    assert provider is not None, "tracing is off"
+    return provider
+
+
 def test_otlp_is_grpc_unless_the_protocol_says_http(env):
     env(OTEL_EXPORTER_OTLP_ENDPOINT="http://collector:4317")
-    [exporter] = exporters(tracer_provider_from_env("ar"))
+    [exporter] = exporters(tracing_on("ar"))
     assert isinstance(exporter, GrpcExporter)
     env(OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf")
-    [exporter] = exporters(tracer_provider_from_env("ar"))
+    [exporter] = exporters(tracing_on("ar"))
     assert isinstance(exporter, HttpExporter)
 
 
 def test_console_exporter_and_service_name(env):
     env(OTEL_TRACES_EXPORTER="console")
-    provider = tracer_provider_from_env("dit")
+    provider = tracing_on("dit")
     assert [type(e) for e in exporters(provider)] == [ConsoleSpanExporter]
     assert provider.resource.attributes["service.name"] == "ardit-dit"
     env(OTEL_SERVICE_NAME="dit-eu-1")
-    assert tracer_provider_from_env("dit").resource.attributes["service.name"] == "dit-eu-1"
+    assert tracing_on("dit").resource.attributes["service.name"] == "dit-eu-1"
 
 
 def test_an_unknown_exporter_or_protocol_is_an_error_not_silence(env):

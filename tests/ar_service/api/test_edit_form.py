@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
+import httpx2
 import openai
 import pytest
 from fastapi import FastAPI, Request
@@ -39,8 +39,8 @@ def client() -> OpenAI:
     return OpenAI(base_url="http://testserver/v1", api_key="k", http_client=TestClient(app()), max_retries=0)
 
 
-def sent(client: OpenAI, **kwargs: Any) -> httpx.Response:
-    """The raw answer to what ``client.images.edit(**kwargs)`` sends."""
+def sent(client: OpenAI, **kwargs: Any) -> httpx2.Response:
+    """The raw answer to what ``client.images.edit(**kwargs)`` sends (the client's own HTTP library's response)."""
     try:
         response = client.images.with_raw_response.edit(**{"prompt": "a cat", "image": PNG, **kwargs}).http_response
     except openai.APIStatusError as exc:
@@ -164,8 +164,9 @@ def test_an_image_sent_as_text_is_refused():
 
 
 def test_a_repeated_field_is_refused():
-    files = [("prompt", (None, "x")), ("n", (None, "1")), ("n", (None, "2")), ("image", PNG)]
-    response = TestClient(app()).post("/v1/images/edits", files=files)
+    response = TestClient(app()).post(
+        "/v1/images/edits", files=[("prompt", (None, "x")), ("n", (None, "1")), ("n", (None, "2")), ("image", PNG)]
+    )
     assert response.status_code == 400 and response.json()["error"]["param"] == "n"
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from prometheus_client import Counter
 from vllm.v1.metrics.loggers import PrometheusStatLogger
 
 from ar_service.engine.hidden_state_engine import HiddenStateEngine
@@ -18,7 +19,11 @@ def draft_tokens_scheduled(engine: HiddenStateEngine) -> float:
     assert manager is not None, "the engine logs no stats"
     prometheus = next(logger for logger in manager.stat_loggers if isinstance(logger, PrometheusStatLogger))
     counters = prometheus.spec_decoding_prom.counter_spec_decode_num_draft_tokens
-    return sum(counter._value.get() for counter in counters.values())
+    total = 0.0
+    for counter in counters.values():
+        assert isinstance(counter, Counter)
+        total += counter._value.get()
+    return total
 
 
 def test_decoding_schedules_no_draft_tokens_and_streams_every_row(stack):
