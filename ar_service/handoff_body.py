@@ -16,9 +16,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType, TracebackType
+
+import torch
 
 from ar_service.engine.hidden_state_engine import EngineEvent, FinishedEvent, RowsEvent
 from shared.frame_types import Buffer
@@ -33,7 +35,7 @@ NO_PIXELS: Mapping[PixelRole, bytes] = MappingProxyType({})
 class HandoffStats:
     bytes_sent: int = 0
     frames_sent: int = 0
-    last_row_at: float | None = None  # perf_counter when the AR produced its last row
+    last_row_at: float | None = None  # perf_counter when the engine handed over its last rows
     acknowledged_at: float | None = None  # perf_counter when the DiT answered (handoff complete)
 
     @property
@@ -83,7 +85,8 @@ class HandoffBody:
         self._runs = runs
         self._overlap = overlap
         self._received_at = received_at
-        self._events: asyncio.Queue[tuple[StreamName, EngineEvent | BaseException]] = asyncio.Queue()
+        # Each event with the perf_counter it came out of the engine at.
+        self._events: asyncio.Queue[tuple[StreamName, EngineEvent | BaseException, float]] = asyncio.Queue()
         self._pumps: list[asyncio.Task[None]] = []
         self.finished: dict[StreamName, FinishedEvent] = {}
         self.stats = HandoffStats()
@@ -122,21 +125,33 @@ class HandoffBody:
         for role, data in self._pixels.items():
             yield self._counted(encoder.pixels(role, data))
         held: list[tuple[StreamName, RowsEvent]] = []
+        last_row_at = 0.0
         while len(self.finished) < len(self._runs):
-            name, event = await self._events.get()
+            # Everything the engine handed over while the last frames were being written goes out
+            # together: a slow reader gets fewer, larger frames instead of one per decode step.
+            arrived = [await self._events.get()]
+            while not self._events.empty():
+                arrived.append(self._events.get_nowait())
             self.rows_started = True
-            if isinstance(event, BaseException):
-                raise event
-            if isinstance(event, FinishedEvent):
-                self.finished[name] = event
-            elif self._overlap:
-                for frame in encoder.row_frames(name, event.start, event.token_ids, event.rows):
-                    yield self._counted(frame)
+            rows: list[tuple[StreamName, RowsEvent]] = []
+            for name, event, arrived_at in arrived:
+                if isinstance(event, BaseException):
+                    raise event
+                last_row_at = max(last_row_at, arrived_at)
+                if isinstance(event, FinishedEvent):
+                    self.finished[name] = event
+                else:
+                    rows.append((name, event))
+            if self._overlap:
+                for name, event in coalesced(rows, encoder.max_frame_payload):
+                    for frame in encoder.row_frames(name, event.start, event.token_ids, event.rows):
+                        yield self._counted(frame)
             else:
-                held.append((name, event))
-        # The handoff tail starts here, whether rows already went out or are still held.
-        self.stats.last_row_at = time.perf_counter()
-        for name, event in held:
+                held.extend(rows)
+        # The handoff tail starts when the engine was done with its last rows, whether they already
+        # went out, are still being written (all rows at once: encoder mode), or are held.
+        self.stats.last_row_at = last_row_at
+        for name, event in coalesced(held, encoder.max_frame_payload):
             for frame in encoder.row_frames(name, event.start, event.token_ids, event.rows):
                 yield self._counted(frame)
         finished = self.finished
@@ -158,12 +173,39 @@ class HandoffBody:
     async def _pump(self, name: StreamName, run: AsyncGenerator[EngineEvent, None]) -> None:
         try:
             async for event in run:
-                await self._events.put((name, event))
+                await self._events.put((name, event, time.perf_counter()))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # handed to the body, which fails the handoff with it
-            await self._events.put((name, exc))
+            await self._events.put((name, exc, time.perf_counter()))
         finally:
             # Leaving the run early (cancelled) closes it, which aborts its engine request.
             with contextlib.suppress(Exception):
                 await run.aclose()
+
+
+def coalesced(events: list[tuple[StreamName, RowsEvent]], max_bytes: int) -> Iterator[tuple[StreamName, RowsEvent]]:
+    """``events`` in order, each run of contiguous rows of one stream merged into one event of at most
+    ``max_bytes`` (one frame's payload). An event that fills a frame on its own passes through uncopied."""
+    group: list[RowsEvent] = []
+    group_name: StreamName | None = None
+    group_bytes = 0
+
+    def merged() -> tuple[StreamName, RowsEvent]:
+        assert group_name is not None
+        if len(group) == 1:
+            return group_name, group[0]
+        rows = torch.cat([event.rows for event in group])
+        return group_name, RowsEvent(group[0].start, rows, [i for event in group for i in event.token_ids])
+
+    for name, event in events:
+        size = event.rows.nbytes
+        follows = group and name == group_name and event.start == group[-1].start + group[-1].rows.shape[0]
+        if not (follows and group_bytes + size <= max_bytes):
+            if group:
+                yield merged()
+            group, group_name, group_bytes = [], name, 0
+        group.append(event)
+        group_bytes += size
+    if group:
+        yield merged()

@@ -47,6 +47,11 @@ class ArSettings(BaseSettings):
     capture_hidden_states: bool = Field(
         True, description="Capture hidden rows (off only for measuring the capture's overhead)."
     )
+    capture_without_draft: bool = Field(
+        True,
+        description="Decode one token per step with capture on: drop the duplicate draft token vLLM's "
+        "extract_hidden_states schedules (off only for measuring its cost).",
+    )
     hidden_layer: int | None = Field(None, description="Decoder layer whose output is captured (None: the last).")
     final_norm: bool = Field(True, description="Apply the model's final norm to captured rows (post-norm states).")
     seed: int = Field(0, description="Engine seed.")

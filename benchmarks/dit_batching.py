@@ -4,8 +4,9 @@ Two DiT processes (``python -m dit_service``) on the same model, one with batchi
 (``ARDIT_DIT_BATCH_MAX_SIZE=1``, the default) and one on (``--batch-size``, window ``--window-ms``),
 each given the same pipeline queue so concurrency 8 is admitted by both. Clients post complete
 handoffs (the wire contract's frames, rows of random conditioning of a typical prompt's length)
-straight to the DiT and read the images back. The two configurations alternate round by round, so
-the machine's drift hits both.
+straight to the DiT and read the images back. Each cell runs on both configurations back to back,
+which goes first alternating, so the machine's drift hits both. Ratios (on/off) are per round:
+median, p10-p90.
 
     python benchmarks/dit_batching.py [--model DIR] [--size 256x256] [--steps 8] [--rounds 3]
 """
@@ -16,7 +17,6 @@ import argparse
 import concurrent.futures
 import json
 import os
-import platform
 import signal
 import statistics
 import subprocess
@@ -25,14 +25,14 @@ import time
 from pathlib import Path
 
 import httpx
+import paired
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+paired.use_this_checkout()
 
-from services.checkpoints import default_model_dir
-from tests.dit_service.handoff_requests import complete_handoff, hidden_rows, params, post_handoff
-from tests.support.ports import free_port
+from services.checkpoints import default_model_dir  # noqa: E402
+from tests.dit_service.handoff_requests import complete_handoff, hidden_rows, params, post_handoff  # noqa: E402
+from tests.support.ports import free_port  # noqa: E402
 
-RESULTS = Path(__file__).parent / "results"
 TOKEN = "bench-token"
 ROWS = 24  # a short prompt's conditioning rows
 
@@ -68,6 +68,8 @@ def one(url: str, seed: int, hidden: int, width: int, height: int, steps: int) -
         hidden_rows(ROWS, seed=seed, hidden=hidden),
         diffusion=params(width=width, height=height, num_inference_steps=steps, seed=seed),
         model="bench",
+        hidden=hidden,
+        request_id=f"bench-{seed}-{time.monotonic_ns()}",
     )
     started = time.monotonic()
     answer = post_handoff(
@@ -99,21 +101,23 @@ def main() -> None:
     parser.add_argument("--window-ms", type=float, default=20.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--images", type=int, default=16, help="images per measurement")
-    parser.add_argument("--out", type=Path, default=RESULTS / "dit_batching.json")
+    parser.add_argument("--out", type=Path, default=paired.RESULTS / "dit_batching.json")
     args = parser.parse_args()
     width, height = (int(v) for v in args.size.split("x"))
     hidden = json.loads((args.model / "transformer" / "config.json").read_text())["joint_attention_dim"]
     configs = {"off": 1, "on": args.batch_size}
+    load_before = paired.load()
     servers = {name: start(args.model, batch, args.window_ms, queue=16) for name, batch in configs.items()}
     runs: dict[str, dict[int, list[dict]]] = {name: {c: [] for c in (1, 4, 8)} for name in configs}
     try:
         for _, url in servers.values():
             one(url, 0, hidden, width, height, args.steps)  # warm
-        for _ in range(args.rounds):
+        for round_ in range(args.rounds):
             for concurrency in (1, 4, 8):
-                for name, (_, url) in servers.items():
+                order = list(servers.items())
+                for name, (_, url) in order if (round_ + concurrency) % 2 else order[::-1]:
                     result = burst(url, concurrency, args.images, hidden, width, height, args.steps)
-                    runs[name][concurrency].append(result)
+                    runs[name][concurrency].append(result | {"load_1m": paired.load()["load_1m"]})
                     print(name, concurrency, json.dumps(result), flush=True)
     finally:
         for process, _ in servers.values():
@@ -121,18 +125,22 @@ def main() -> None:
             process.wait(60)
     summary = {}
     for concurrency in (1, 4, 8):
-        off = [r["images_per_minute"] for r in runs["off"][concurrency]]
-        on = [r["images_per_minute"] for r in runs["on"][concurrency]]
-        ratios = sorted(b / a for a, b in zip(off, on, strict=True))
-        summary[str(concurrency)] = {
-            "off_images_per_minute": statistics.median(off),
-            "on_images_per_minute": statistics.median(on),
-            "on_over_off_median": statistics.median(ratios),
-            "on_over_off_min_max": [ratios[0], ratios[-1]],
+        off, on = runs["off"][concurrency], runs["on"][concurrency]
+        summary[f"concurrency {concurrency}"] = {
+            "off_images_per_minute": paired.spread([r["images_per_minute"] for r in off]),
+            "on_images_per_minute": paired.spread([r["images_per_minute"] for r in on]),
+            "on/off images_per_minute": paired.spread(
+                [b["images_per_minute"] / a["images_per_minute"] for a, b in zip(off, on, strict=True)]
+            ),
+            "on/off latency_p50": paired.spread(
+                [b["p50_seconds"] / a["p50_seconds"] for a, b in zip(off, on, strict=True)]
+            ),
         }
     result = {
         "command": "python benchmarks/dit_batching.py " + " ".join(sys.argv[1:]),
-        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "load": os.getloadavg()},
+        "machine": paired.machine(),
+        "load_before": load_before,
+        "load_after": paired.load(),
         "model": str(args.model.name),
         "size": args.size,
         "steps": args.steps,

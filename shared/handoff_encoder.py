@@ -25,7 +25,7 @@ DEFAULT_MAX_FRAME_PAYLOAD = 4 << 20
 class HandoffEncoder:
     def __init__(self, open_frame: OpenFrame, max_frame_payload: int = DEFAULT_MAX_FRAME_PAYLOAD) -> None:
         self.open = open_frame
-        self._max_payload = max_frame_payload
+        self.max_frame_payload = max_frame_payload
         self._frame_checksums: dict[StreamName, dict[int, str]] = {name: {} for name in open_frame.streams}
         self._rows_sent = {name: 0 for name in open_frame.streams}
 
@@ -67,7 +67,7 @@ class HandoffEncoder:
         self, stream: StreamName, start: int, token_ids: list[int], payload: memoryview, row_bytes: int
     ) -> Iterator[list[Buffer]]:
         count = len(token_ids)
-        per_frame = max(1, self._max_payload // max(1, row_bytes))
+        per_frame = max(1, self.max_frame_payload // max(1, row_bytes))
         hidden = self.open.hidden_size
         for first in range(0, count, per_frame):
             n = min(per_frame, count - first)

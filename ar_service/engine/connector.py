@@ -6,8 +6,9 @@ block ids) as the attention KV. Those blocks are hashed and prefix-cached like a
 prefix hit brings the hidden rows back with the KV: reading a cached block *is* the
 reconstruction. This connector only reads; it never loads anything into the cache.
 
-Loaded by vLLM from ``kv_transfer_config`` (``kv_connector_module_path``); no fork, no patches.
-It runs in two roles, in two processes that meet only through the per-step metadata:
+Loaded by vLLM from ``kv_transfer_config`` (``kv_connector_module_path``); no fork. One vLLM method
+is wrapped, in the worker process only (see below). It runs in two roles, in two processes that
+meet only through the per-step metadata:
 
 - scheduler side (EngineCore process): each step, for every scheduled request, decide which rows
   are final after this step — ``[sent, num_computed + scheduled - spec)`` — and ship their cache
@@ -18,6 +19,9 @@ It runs in two roles, in two processes that meet only through the per-step metad
   slots, apply the final norm if configured, and push them to the AR service (``RowSender``).
   On CUDA the device→host copy runs on a side stream and a sender thread waits for it, so the
   engine step does not block on the copy.
+
+Decode steps carry one token per request: the worker side installs ``draft_free``, which stops the
+capture's proposer from scheduling a duplicate draft token (``kv_connector_extra_config["without_draft"]``).
 
 Per-request options arrive in ``SamplingParams.extra_args["kv_transfer_params"]``:
 ``{"ardit_row_queue": <engine request id>}`` names the ``RowQueue`` its rows go to. Requests
@@ -39,6 +43,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     SupportsHMA,
 )
 
+from ar_service.engine import draft_free
 from ar_service.engine.final_norm import FinalNorm
 from ar_service.engine.row_channel import RowSender
 
@@ -91,6 +96,8 @@ class HiddenStateConnector(KVConnectorBase_V1, SupportsHMA):
         self._endpoint: str = extra["rows_endpoint"]
         self._apply_final_norm: bool = bool(extra.get("final_norm", True))
         self._group, self._block_size = _hidden_state_group(kv_cache_config)
+        if role == KVConnectorRole.WORKER and extra.get("without_draft", True):
+            draft_free.install()  # before the first step: the proposer runs in this process
         # scheduler side
         self._tracked: dict[str, _Tracked] = {}
         self._finishing: list[RowRead] = []

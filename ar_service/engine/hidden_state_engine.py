@@ -127,7 +127,11 @@ class HiddenStateEngine:
                     "kv_connector": HiddenStateConnector.__name__,
                     "kv_connector_module_path": HiddenStateConnector.__module__,
                     "kv_role": "kv_producer",
-                    "kv_connector_extra_config": {"rows_endpoint": self._channel.endpoint, "final_norm": s.final_norm},
+                    "kv_connector_extra_config": {
+                        "rows_endpoint": self._channel.endpoint,
+                        "final_norm": s.final_norm,
+                        "without_draft": s.capture_without_draft,
+                    },
                 },
             }
         args = AsyncEngineArgs(

@@ -1,0 +1,80 @@
+"""What every side-by-side benchmark here records: the machine and its load, and paired ratios.
+
+The benchmark machines are shared (other test runs, a training run), so a figure is only as good
+as its pairing: each benchmark measures its sides back to back within a repetition, in rotating
+order, and summarises the per-repetition ratio (median, p10-p90) rather than the ratio of means.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import sys
+from pathlib import Path
+
+import psutil
+import torch
+
+RESULTS = Path(__file__).parent / "results"
+REPO = Path(__file__).resolve().parents[1]
+
+
+def use_this_checkout() -> None:
+    """Import ar_service/dit_service/shared from this checkout, not from an installed copy."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+
+
+def machine() -> dict:
+    return {
+        "node": platform.platform(),
+        "cpu": platform.processor() or platform.machine(),
+        "cores": psutil.cpu_count(),
+        "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def load() -> dict:
+    """``uptime``'s load averages and what is free now: how shared the machine was."""
+    one, five, fifteen = os.getloadavg()
+    return {
+        "load_1m": round(one, 2),
+        "load_5m": round(five, 2),
+        "load_15m": round(fifteen, 2),
+        "available_memory_gb": round(psutil.virtual_memory().available / 2**30, 1),
+    }
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    """Median with the 10th-90th percentile range (inclusive method: no extrapolation)."""
+    if not values:
+        return {}
+    if len(values) == 1:
+        return {"p50": values[0], "p10": values[0], "p90": values[0], "n": 1}
+    cuts = statistics.quantiles(values, n=10, method="inclusive")
+    return {"p50": statistics.median(values), "p10": cuts[0], "p90": cuts[-1], "n": len(values)}
+
+
+def tree_cpu_seconds(process: psutil.Process) -> float:
+    """User + system CPU seconds of a process and all its descendants (alive ones)."""
+    total = 0.0
+    for p in [process, *process.children(recursive=True)]:
+        try:
+            times = p.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
+
+
+def tree_rss(process: psutil.Process) -> int:
+    total = 0
+    for p in [process, *process.children(recursive=True)]:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            continue
+    return total
