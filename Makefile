@@ -7,7 +7,11 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 export ARDIT_CACHE_DIR ?= $(HOME)/.cache/ardit
 SMOLLM2_DIR := $(ARDIT_CACHE_DIR)/models/smollm2-135m-instruct
-DIT_DIR := $(ARDIT_CACHE_DIR)/models/qwen-image-tiny
+TINY_DIT_DIR := $(ARDIT_CACHE_DIR)/models/qwen-image-tiny
+# The trained demo DiT (the DiT's default model) is committed: training it takes ~30 minutes on 2 cores
+# (deploy/checkpoints/ardit-demo/README.md), so `make checkpoints` installs the committed weights.
+DEMO_DIT_SRC := deploy/checkpoints/ardit-demo
+DEMO_DIT_DIR := $(ARDIT_CACHE_DIR)/models/ardit-demo
 PYTEST_ARGS ?=
 PIP_VERSION := 26.3
 
@@ -29,9 +33,17 @@ $(STAMP): requirements.txt requirements-dev.txt requirements.lock pyproject.toml
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	touch $@
 
-checkpoints: $(STAMP)
+checkpoints: $(STAMP) $(DEMO_DIT_DIR)/.complete
 	$(PY) deploy/checkpoints/build_smollm2.py --out $(SMOLLM2_DIR)
-	$(PY) deploy/checkpoints/build_tiny_qwen_image.py --out $(DIT_DIR) --ar-model $(SMOLLM2_DIR)
+	$(PY) deploy/checkpoints/build_tiny_qwen_image.py --out $(TINY_DIT_DIR) --ar-model $(SMOLLM2_DIR)
+
+# Copied whole into a temporary directory, then renamed: a half-copied model is never served.
+$(DEMO_DIT_DIR)/.complete: $(shell find $(DEMO_DIT_SRC) -type f)
+	rm -rf $(DEMO_DIT_DIR) $(DEMO_DIT_DIR).tmp
+	mkdir -p $(dir $(DEMO_DIT_DIR))
+	cp -R $(DEMO_DIT_SRC) $(DEMO_DIT_DIR).tmp
+	touch $(DEMO_DIT_DIR).tmp/.complete
+	mv $(DEMO_DIT_DIR).tmp $(DEMO_DIT_DIR)
 
 # Prometheus from Debian's packages, for the metrics tests (a real server scrapes the services).
 prometheus:

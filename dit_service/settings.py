@@ -13,7 +13,8 @@ from shared.frame_codec import FrameLimits
 from shared.handoff_assembler import AssemblyCaps
 
 TorchDtypeName = Literal["float32", "bfloat16", "float16"]
-DEFAULT_MODEL = "qwen-image-tiny"
+# The demo Qwen-Image the project trains itself (deploy/checkpoints/ardit-demo; `make checkpoints` installs it).
+DEFAULT_MODEL = "ardit-demo"
 SIZE_PATTERN = r"^[1-9][0-9]{0,5}x[1-9][0-9]{0,5}$"
 
 

@@ -16,8 +16,10 @@ import torch
 
 from ar_service.app import ArRuntime, create_ar_app
 from ar_service.settings import ArSettings
+from deploy.checkpoints.build_tiny_qwen_image import MODEL_DIRNAME as TINY_DIT_MODEL
 from dit_service.app import create_dit_app
 from dit_service.settings import DitSettings
+from services.checkpoints import default_model_dir
 from tests.support.live_server import LiveServer
 
 # Bitwise image comparisons need a fixed intra-op thread count.
@@ -26,6 +28,13 @@ torch.set_num_threads(1)
 HANDOFF_TOKEN = "test-handoff-token"
 API_KEY = "sk-test-ardit"
 ADMIN_TOKEN = "test-admin-token"
+
+# The pair's plumbing tests (streams, admission, edits, metrics, bitwise equality with plain diffusers) run on
+# the random tiny Qwen-Image, chosen here explicitly: `make checkpoints` builds it from code in seconds, its VAE
+# has the real one's topology (residual blocks, channel multipliers, 16 latent channels) where the demo VAE is
+# pared down, and it has no model card, so those tests see the settings' own defaults. The DiT's default, the
+# trained demo model, is served where pictures must mean something (tests/e2e/test_prompt_following.py).
+PLUMBING_DIT_MODEL_DIR = default_model_dir(TINY_DIT_MODEL)
 
 
 @dataclass
@@ -50,9 +59,9 @@ def require_checkpoint(path: Path) -> Path:
 
 
 def dit_settings(**overrides) -> DitSettings:
-    """The DiT as `make run` starts it (defaults), plus the shared token and one torch thread."""
+    """The DiT as `make run` starts it (defaults) on the plumbing model, plus the shared token and one torch thread."""
     base: dict[str, Any] = dict(
-        model_dir=require_checkpoint(DitSettings().model_dir), handoff_token=HANDOFF_TOKEN, torch_threads=1
+        model_dir=require_checkpoint(PLUMBING_DIT_MODEL_DIR), handoff_token=HANDOFF_TOKEN, torch_threads=1
     )
     return DitSettings(**(base | overrides))
 

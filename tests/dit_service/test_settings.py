@@ -28,7 +28,7 @@ def test_defaults(monkeypatch):
     settings = DitSettings()
     assert (settings.host, settings.port) == ("127.0.0.1", 8001)
     assert settings.handoff_token is None
-    assert str(settings.model_dir) == "/cache/models/qwen-image-tiny"
+    assert str(settings.model_dir) == "/cache/models/ardit-demo"
     assert settings.max_sequence_length == 512
 
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.conftest import API_KEY, HANDOFF_TOKEN
+from tests.conftest import API_KEY, HANDOFF_TOKEN, PLUMBING_DIT_MODEL_DIR
 from tests.e2e.metrics_text import sample
 from tests.e2e.test_lifecycle import settled
 from tests.support.dit_pools import dit_pool, using_dits
@@ -31,7 +31,11 @@ class DitProcess:
 
     def start(self) -> DitProcess:
         env = dict(
-            os.environ, ARDIT_DIT_PORT=str(self.port), ARDIT_HANDOFF_TOKEN=HANDOFF_TOKEN, ARDIT_DIT_TORCH_THREADS="1"
+            os.environ,
+            ARDIT_DIT_MODEL_DIR=str(PLUMBING_DIT_MODEL_DIR),
+            ARDIT_DIT_PORT=str(self.port),
+            ARDIT_HANDOFF_TOKEN=HANDOFF_TOKEN,
+            ARDIT_DIT_TORCH_THREADS="1",
         )
         self.process = subprocess.Popen(
             [sys.executable, "-m", "dit_service"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL

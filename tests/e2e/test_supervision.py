@@ -21,6 +21,7 @@ import httpx
 import psutil
 import pytest
 
+from tests.conftest import PLUMBING_DIT_MODEL_DIR
 from tests.e2e.metrics_text import sample
 from tests.support.ports import free_port
 
@@ -76,7 +77,12 @@ def nothing_in_flight(pair: Pair) -> bool:
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory) -> Iterator[Pair]:
     ar_port, dit_port = free_port(), free_port()
-    env = dict(os.environ, ARDIT_AR_PORT=str(ar_port), ARDIT_DIT_PORT=str(dit_port))
+    env = dict(
+        os.environ,
+        ARDIT_AR_PORT=str(ar_port),
+        ARDIT_DIT_PORT=str(dit_port),
+        ARDIT_DIT_MODEL_DIR=str(PLUMBING_DIT_MODEL_DIR),
+    )
     log = tmp_path_factory.mktemp("launcher") / "launcher.log"
     with log.open("wb") as out:
         launcher = subprocess.Popen([sys.executable, "-m", "services.launcher"], env=env, stdout=out, stderr=out)

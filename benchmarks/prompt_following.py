@@ -1,0 +1,135 @@
+"""Does the demo model draw what the prompt asks? Rendered through the running services, scored by a judge.
+
+First the judge (``prompt_judge.py``, no code shared with the model) reads the scene generator's own clean
+pictures: every combination, twice; its accuracy there bounds what it can say about the model. Then a fixed,
+seeded set of prompts (new wordings drawn from the generator's templates) goes through the public API with
+the official ``openai`` client, each with several seeds, and the judge reads every picture. Accuracy per
+attribute (shape, shape colour, background colour, position, and all four at once) is reported for the
+combinations the model was trained on and the held-out colour x shape pairs apart.
+
+Start the services with the demo model first (``make run``, or ``python -m services.launcher`` with
+``ARDIT_DIT_MODEL_DIR=deploy/checkpoints/ardit-demo``), then::
+
+    python -m benchmarks.prompt_following [--base-url http://127.0.0.1:8000/v1] [--steps 20] [--seeds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import io
+import json
+import os
+import platform
+import random
+import sys
+import time
+from pathlib import Path
+
+from openai import OpenAI
+from PIL import Image
+
+from benchmarks.prompt_judge import Reading, judge
+from deploy.checkpoints import demo_scenes
+
+RESULTS = Path(__file__).parent / "results"
+ATTRIBUTES = ("shape", "colour", "background", "position")
+PROMPT_SEED = 2026
+
+
+def correct(reading: Reading, asked: demo_scenes.Attributes) -> dict[str, bool]:
+    hits = {
+        "shape": reading.shape == asked.shape,
+        "colour": reading.colour == asked.colour,
+        "background": reading.background == asked.background,
+        "position": (reading.row, reading.column) == (asked.row, asked.column),
+    }
+    return {**hits, "all": all(hits.values())}
+
+
+def accuracy(results: list[dict[str, bool]]) -> dict[str, float]:
+    return {key: round(sum(r[key] for r in results) / len(results), 4) for key in (*ATTRIBUTES, "all")}
+
+
+def judge_on_clean_pictures() -> dict:
+    rng = random.Random(PROMPT_SEED)
+    scores = [
+        correct(judge(demo_scenes.draw(demo_scenes.random_scene(a, rng))), a)
+        for a in demo_scenes.all_attributes()
+        for _ in range(2)
+    ]
+    return {"pictures": len(scores), "accuracy": accuracy(scores)}
+
+
+def benchmark_prompts(seen: int, held_out: int) -> list[tuple[str, demo_scenes.Attributes]]:
+    rng = random.Random(PROMPT_SEED)
+    chosen = rng.sample(demo_scenes.seen_attributes(), seen) + rng.sample(demo_scenes.held_out_attributes(), held_out)
+    return [(rng.choice(demo_scenes.wordings(a)), a) for a in chosen]
+
+
+def render(client: OpenAI, prompt: str, seed: int, steps: int, guidance_scale: float | None) -> Image.Image:
+    extra: dict[str, float] = {"seed": seed, "num_inference_steps": steps}
+    if guidance_scale is not None:
+        extra["guidance_scale"] = guidance_scale
+    result = client.images.generate(model="ardit", prompt=prompt, size="64x64", extra_body=extra)
+    assert result.data and result.data[0].b64_json is not None
+    return Image.open(io.BytesIO(base64.b64decode(result.data[0].b64_json))).convert("RGB")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
+    ap.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY", "none"))
+    ap.add_argument("--steps", type=int, default=20, help="num_inference_steps")
+    ap.add_argument("--guidance-scale", type=float, default=None, help="default: the service's")
+    ap.add_argument("--seeds", type=int, default=2, help="seeds per prompt")
+    ap.add_argument("--seen", type=int, default=80, help="prompts of trained combinations")
+    ap.add_argument("--held-out", type=int, default=40, help="prompts of held-out colour x shape pairs")
+    ap.add_argument("--out", type=Path, default=RESULTS / "prompt_following.json")
+    args = ap.parse_args()
+
+    load_at_start = os.getloadavg()
+    clean = judge_on_clean_pictures()
+    print(f"judge on {clean['pictures']} clean pictures: {clean['accuracy']}", flush=True)
+
+    client = OpenAI(base_url=args.base_url, api_key=args.api_key, max_retries=0, timeout=120)
+    model = client.models.retrieve("ardit").model_dump()
+    scores: dict[str, list[dict[str, bool]]] = {"seen": [], "held_out": []}
+    failures = []
+    started = time.perf_counter()
+    for prompt, asked in benchmark_prompts(args.seen, args.held_out):
+        for seed in range(args.seeds):
+            reading = judge(render(client, prompt, seed, args.steps, args.guidance_scale))
+            hits = correct(reading, asked)
+            scores["held_out" if asked.held_out else "seen"].append(hits)
+            if not hits["all"]:
+                failures.append({"prompt": prompt, "seed": seed, "read": reading.__dict__})
+    seconds = time.perf_counter() - started
+
+    report = {
+        "command": "python -m benchmarks.prompt_following " + " ".join(sys.argv[1:]),
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "load_average_at_start": load_at_start,
+            "load_average_at_end": os.getloadavg(),
+        },
+        "model": model,
+        "num_inference_steps": args.steps,
+        "guidance_scale": args.guidance_scale,
+        "size": "64x64",
+        "judge_on_clean_pictures": clean,
+        "renders": {split: len(s) for split, s in scores.items()},
+        "render_seconds": round(seconds, 1),
+        "accuracy": {split: accuracy(s) for split, s in scores.items()},
+        "failures": failures,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report["accuracy"], indent=2))
+    print(f"{sum(report['renders'].values())} renders in {seconds:.0f} s; wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""The rows a prompt conditions the DiT with, computed offline with transformers as the AR service does.
+
+For a prompt the AR service tokenises the templated text with its ``PromptBuilder``, runs SmolLM2 and
+streams one last-layer row per token, after the model's final norm; the DiT's ``qwen_image`` adapter drops
+the template prefix and keeps the rest: the user's text and the template's tail. ``PromptRows`` gives exactly
+those rows, so the demo DiT trains on what it is served.
+
+The template prefix is the same for almost every prompt, so its key/value cache is computed once and shared
+by every batch: only the rows after it are computed. That changes nothing but float rounding;
+``tests/deploy/test_demo_rows.py`` checks these rows against what the running engine streams. A prompt that
+starts with white space (the AR's default negative prompt is " ") merges into the prefix's last token
+("\\n" + " " is one token), so it shares no cached prefix and runs whole.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from transformers import AutoModel
+
+from ar_service.prompt_builder import PromptBuilder
+
+
+class PromptRows:
+    def __init__(self, model_dir: str | Path, template: str) -> None:
+        self.builder = PromptBuilder.from_model_dir(model_dir, template)
+        # The base model without the LM head: its last_hidden_state is the last layer after the final norm.
+        self.model = AutoModel.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+        self.prefix_ids = self.builder.build("").token_ids[: self.builder.prefix_tokens]
+        with torch.no_grad():
+            self._prefix_cache = self.model(torch.tensor([self.prefix_ids]), use_cache=True).past_key_values
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.model.config.hidden_size)
+
+    @torch.no_grad()
+    def rows(self, prompts: Sequence[str], batch_size: int = 16) -> list[torch.Tensor]:
+        """One float32 tensor [tokens after the template prefix, hidden] per prompt."""
+        built = [self.builder.build(p) for p in prompts]
+        shared = [i for i, b in enumerate(built) if b.token_ids[: b.prefix_tokens] == self.prefix_ids]
+        out: dict[int, torch.Tensor] = {}
+        for start in range(0, len(shared), batch_size):
+            chunk = shared[start : start + batch_size]
+            suffixes = [built[i].token_ids[built[i].prefix_tokens :] for i in chunk]
+            out.update(zip(chunk, self._batch_rows(suffixes), strict=True))
+        for i in sorted(set(range(len(built))) - set(shared)):
+            hidden = self.model(input_ids=torch.tensor([built[i].token_ids])).last_hidden_state
+            out[i] = hidden[0, built[i].prefix_tokens :].clone()
+        return [out[i] for i in range(len(built))]
+
+    def _batch_rows(self, suffixes: list[list[int]]) -> list[torch.Tensor]:
+        batch, longest, prefix = len(suffixes), max(map(len, suffixes)), len(self.prefix_ids)
+        # Right padding: a causal model's rows for real tokens never see the pads after them.
+        ids = torch.zeros((batch, longest), dtype=torch.long)
+        mask = torch.zeros((batch, prefix + longest), dtype=torch.long)
+        mask[:, :prefix] = 1
+        for i, suffix in enumerate(suffixes):
+            ids[i, : len(suffix)] = torch.tensor(suffix)
+            mask[i, prefix : prefix + len(suffix)] = 1
+        cache = copy.deepcopy(self._prefix_cache)
+        cache.batch_repeat_interleave(batch)
+        hidden = self.model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True).last_hidden_state
+        return [hidden[i, : len(suffix)].clone() for i, suffix in enumerate(suffixes)]

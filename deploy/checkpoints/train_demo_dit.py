@@ -1,0 +1,449 @@
+#!/usr/bin/env python3
+"""Train the demo Qwen-Image (a small VAE and a small DiT) on drawn scenes, conditioned on SmolLM2's real rows.
+
+Writes a complete diffusers ``QwenImagePipeline`` directory (model_index.json, transformer/, vae/, scheduler/;
+no text encoder or tokenizer) that the DiT service loads like any Qwen-Image checkpoint::
+
+    QwenImagePipeline.from_pretrained(dir, text_encoder=None, tokenizer=None)
+
+plus ``ardit.json`` (the model card the service announces) and ``training_record.json`` (what this run did,
+how long each phase took, the VAE's PSNR).
+
+Phases, all seeded and with a fixed number of steps (same seed, same torch build, same thread count: same
+weights):
+
+1. scenes: ``IMAGES`` pictures of the seen attribute combinations (``demo_scenes``; the held-out colour x
+   shape pairs are in no picture and no prompt), with ``WORDINGS_PER_COMBINATION`` prompt wordings per
+   combination;
+2. rows: the rows the AR service streams for each wording and for the AR's default negative prompt " "
+   (``demo_rows``), which stands for "no prompt" in the 10% of DiT steps trained without one, so that CFG
+   at serving time subtracts exactly what the service sends;
+3. vae: ``AutoencoderKLQwenImage`` (8x spatial, ``z_dim`` 8) with MSE + a small KL term, trained through its
+   single-frame 2-D view (``qwen_vae_2d``); Kaiming-initialised convolutions and a small initial posterior
+   std (with PyTorch's default init it sits for hundreds of steps predicting grey);
+4. latents: every picture's posterior mean; their per-channel mean and std become the VAE's
+   ``latents_mean``/``latents_std``, which the pipeline undoes before decoding;
+5. dit: ``QwenImageTransformer2DModel`` with rectified flow (x_t = (1 - s) x0 + s noise, target noise - x0),
+   the noise level s drawn from the very sigmas the pipeline's scheduler (dynamic shifting, at 64x64) steps
+   through at inference for 2-50 steps; an EMA of the weights is what is saved.
+
+Usage (from the repository root)::
+
+    python -m deploy.checkpoints.train_demo_dit [--out deploy/checkpoints/ardit-demo] [--ar-model DIR] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import platform
+import random
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+# From their own modules: to a type checker diffusers' top-level model, pipeline and scheduler names are its
+# no-torch placeholder classes.
+from diffusers.models.autoencoders.autoencoder_kl_qwenimage import AutoencoderKLQwenImage
+from diffusers.models.transformers.transformer_qwenimage import QwenImageTransformer2DModel
+from diffusers.pipelines.qwenimage.pipeline_qwenimage import QwenImagePipeline, calculate_shift
+from diffusers.schedulers.scheduling_flow_match_euler_discrete import FlowMatchEulerDiscreteScheduler
+
+from ar_service.settings import ArSettings
+from deploy.checkpoints import demo_scenes, qwen_vae_2d
+from deploy.checkpoints.build_tiny_qwen_image import SCHEDULER_CONFIG
+from deploy.checkpoints.demo_rows import PromptRows
+
+TORCH_THREADS = 2
+IMAGES = 30_000
+WORDINGS_PER_COMBINATION = 6
+NULL_PROMPT = ArSettings().default_negative_prompt
+NULL_PROMPT_RATE = 0.1
+
+VAE_Z_DIM = 8
+VAE_CONFIG = {
+    "base_dim": 16,
+    "z_dim": VAE_Z_DIM,
+    "dim_mult": [1, 1, 1, 1],
+    "num_res_blocks": 0,
+    "attn_scales": [],
+    "temperal_downsample": [False, True, True],
+    "dropout": 0.0,
+}
+VAE_STEPS = 3_000
+VAE_BATCH = 16
+VAE_LR = 1e-3
+VAE_KL_WEIGHT = 1e-5
+VAE_INITIAL_LOGVAR = -9.0  # posterior std 0.01 at the start
+PSNR_IMAGES = 512
+
+DIT_CONFIG = {
+    "patch_size": 2,
+    "in_channels": 4 * VAE_Z_DIM,  # 2x2 latent patches packed into channels
+    "out_channels": VAE_Z_DIM,
+    "num_layers": 4,
+    "attention_head_dim": 32,
+    "num_attention_heads": 4,
+    "guidance_embeds": False,
+    "axes_dims_rope": [8, 12, 12],
+}
+DIT_STEPS = 5_000
+DIT_BATCH = 64
+DIT_LR = 1e-3
+DIT_EMA = 0.999
+WARMUP_STEPS = 200
+SCHEDULE_STEP_COUNTS = range(2, 51)  # the num_inference_steps whose sigmas the DiT trains on
+
+DEFAULT_NUM_INFERENCE_STEPS = 20
+DEFAULT_GUIDANCE_SCALE = 1.0
+
+
+@dataclass
+class Scenes:
+    pixels: torch.Tensor  # [N, 3, 64, 64] uint8
+    combination: torch.Tensor  # [N] index into combinations
+    combinations: list[demo_scenes.Attributes]
+    wordings: list[list[str]]  # per combination
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def to_unit_range(pixels: torch.Tensor) -> torch.Tensor:
+    return pixels.float() / 127.5 - 1.0
+
+
+def draw_scenes(seed: int) -> Scenes:
+    rng = random.Random(seed)
+    combinations = demo_scenes.seen_attributes()
+    wordings = [demo_scenes.sample_wordings(a, WORDINGS_PER_COMBINATION, rng) for a in combinations]
+    chosen = [rng.randrange(len(combinations)) for _ in range(IMAGES)]
+    pixels = torch.empty((IMAGES, 3, demo_scenes.SIZE, demo_scenes.SIZE), dtype=torch.uint8)
+    for i, c in enumerate(chosen):
+        image = demo_scenes.draw(demo_scenes.random_scene(combinations[c], rng))
+        pixels[i] = torch.from_numpy(np.array(image)).permute(2, 0, 1)
+    return Scenes(pixels, torch.tensor(chosen), combinations, wordings)
+
+
+def cosine_lr(step: int, total: int, peak: float) -> float:
+    if step < WARMUP_STEPS:
+        return peak * (step + 1) / WARMUP_STEPS
+    return peak * 0.5 * (1 + math.cos(math.pi * (step - WARMUP_STEPS) / (total - WARMUP_STEPS)))
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+def kaiming_init(vae: AutoencoderKLQwenImage) -> None:
+    """He init of every convolution's single-frame taps; the small posterior std comes from quant_conv's bias."""
+    for module in vae.modules():
+        if not isinstance(module, torch.nn.Conv3d | torch.nn.Conv2d):
+            continue
+        bias = module.bias
+        assert bias is not None  # every convolution of this VAE has one
+        if isinstance(module, torch.nn.Conv3d):
+            taps = torch.empty_like(module.weight[:, :, -1])
+            torch.nn.init.kaiming_normal_(taps, nonlinearity="relu")
+            with torch.no_grad():
+                module.weight.zero_()
+                module.weight[:, :, -1] = taps
+                bias.zero_()
+        else:
+            torch.nn.init.kaiming_normal_(module.weight, nonlinearity="relu")
+            torch.nn.init.zeros_(bias)
+    quant_bias = vae.quant_conv.bias
+    assert quant_bias is not None
+    with torch.no_grad():
+        vae.quant_conv.weight[VAE_Z_DIM:] = 0.0
+        quant_bias[VAE_Z_DIM:] = VAE_INITIAL_LOGVAR
+
+
+def train_vae(scenes: Scenes, seed: int, steps: int) -> tuple[AutoencoderKLQwenImage, list[float]]:
+    torch.manual_seed(seed)
+    vae = AutoencoderKLQwenImage(**VAE_CONFIG)
+    kaiming_init(vae)
+    optimizer = torch.optim.AdamW(vae.parameters(), lr=VAE_LR, betas=(0.9, 0.95), weight_decay=0.0)
+    generator = torch.Generator().manual_seed(seed)
+    losses = []
+    for step in range(steps):
+        set_lr(optimizer, cosine_lr(step, steps, VAE_LR))
+        batch = to_unit_range(scenes.pixels[torch.randint(len(scenes.pixels), (VAE_BATCH,), generator=generator)])
+        mean, logvar = qwen_vae_2d.encode(vae, batch)
+        latents = mean + torch.exp(0.5 * logvar) * torch.randn(mean.shape, generator=generator)
+        mse = F.mse_loss(qwen_vae_2d.decode(vae, latents), batch)
+        kl = 0.5 * (mean.pow(2) + logvar.exp() - 1.0 - logvar).mean()
+        loss = mse + VAE_KL_WEIGHT * kl
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        losses.append(mse.item())
+        if step % 500 == 0 or step == steps - 1:
+            log(f"vae step {step}: mse {np.mean(losses[-100:]):.5f}")
+    return vae.eval(), losses
+
+
+@torch.no_grad()
+def vae_psnr(vae: AutoencoderKLQwenImage, seed: int) -> dict:
+    """PSNR of the stock encode/decode on fresh pictures: seen combinations and held-out ones apart."""
+    rng = random.Random(seed + 1)
+    result = {}
+    for name, pool in (("seen", demo_scenes.seen_attributes()), ("held_out", demo_scenes.held_out_attributes())):
+        images = [demo_scenes.draw(demo_scenes.random_scene(rng.choice(pool), rng)) for _ in range(PSNR_IMAGES)]
+        pixels = to_unit_range(torch.stack([torch.from_numpy(np.array(i)).permute(2, 0, 1) for i in images]))
+        decoded = vae.decode(vae.encode(pixels[:, :, None]).latent_dist.mode()).sample[:, :, 0]
+        mse = (decoded - pixels).pow(2).mean(dim=(1, 2, 3))
+        result[name] = float((10 * torch.log10(4.0 / mse)).mean())  # peak-to-peak 2 in [-1, 1]
+    return result
+
+
+@torch.no_grad()
+def encode_latents(vae: AutoencoderKLQwenImage, scenes: Scenes) -> torch.Tensor:
+    chunks = [qwen_vae_2d.encode(vae, to_unit_range(chunk))[0] for chunk in scenes.pixels.split(256)]
+    return torch.cat(chunks)
+
+
+def training_sigmas() -> torch.Tensor:
+    """Every sigma the pipeline steps through at 64x64 for each step count, one row per count, padded with NaN."""
+    scheduler = FlowMatchEulerDiscreteScheduler(**SCHEDULER_CONFIG)
+    config = scheduler.config
+    image_tokens = (demo_scenes.SIZE // 16) ** 2  # VAE 8x, then 2x2 patches
+    mu = calculate_shift(
+        image_tokens, config.base_image_seq_len, config.max_image_seq_len, config.base_shift, config.max_shift
+    )
+    table = torch.full((len(SCHEDULE_STEP_COUNTS), max(SCHEDULE_STEP_COUNTS)), float("nan"))
+    for row, steps in enumerate(SCHEDULE_STEP_COUNTS):
+        # QwenImagePipeline's own call: linspace sigmas, then the scheduler shifts and stretches them.
+        scheduler.set_timesteps(sigmas=np.linspace(1.0, 1 / steps, steps), mu=mu)
+        table[row, :steps] = scheduler.sigmas[:-1]  # the last sigma (0) is never a model input
+    return table
+
+
+def sample_sigmas(table: torch.Tensor, count: int, generator: torch.Generator) -> torch.Tensor:
+    rows = torch.randint(len(table), (count,), generator=generator)
+    lengths = (~table.isnan()).sum(dim=1)[rows]
+    columns = (torch.rand(count, generator=generator) * lengths).long()
+    return table[rows, columns]
+
+
+def pad_rows(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Valid rows first, zeros after, and a 0/1 mask: the layout the DiT service builds."""
+    longest = max(r.shape[0] for r in rows)
+    embeds = torch.zeros((len(rows), longest, rows[0].shape[1]))
+    mask = torch.zeros((len(rows), longest), dtype=torch.long)
+    for i, r in enumerate(rows):
+        embeds[i, : r.shape[0]] = r
+        mask[i, : r.shape[0]] = 1
+    return embeds, mask
+
+
+def train_dit(
+    latents: torch.Tensor,
+    scenes: Scenes,
+    rows: list[list[torch.Tensor]],
+    null_rows: torch.Tensor,
+    seed: int,
+    steps: int,
+) -> tuple[QwenImageTransformer2DModel, list[float]]:
+    """``latents``: normalised, packed [N, tokens, channels]; ``rows[c][w]``: wording w of combination c."""
+    torch.manual_seed(seed)
+    model = QwenImageTransformer2DModel(**DIT_CONFIG, joint_attention_dim=null_rows.shape[1])
+    ema = copy.deepcopy(model).requires_grad_(False)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=DIT_LR, weight_decay=0.0)
+    generator = torch.Generator().manual_seed(seed)
+    sigma_table = training_sigmas()
+    side = demo_scenes.SIZE // 16
+    img_shapes = [[(1, side, side)]] * DIT_BATCH
+    losses = []
+    for step in range(steps):
+        set_lr(optimizer, cosine_lr(step, steps, DIT_LR))
+        index = torch.randint(len(latents), (DIT_BATCH,), generator=generator)
+        wording = torch.randint(WORDINGS_PER_COMBINATION, (DIT_BATCH,), generator=generator)
+        unconditioned = torch.rand(DIT_BATCH, generator=generator) < NULL_PROMPT_RATE
+        conditioning = [
+            null_rows if unconditioned[i] else rows[int(scenes.combination[index[i]])][int(wording[i])]
+            for i in range(DIT_BATCH)
+        ]
+        embeds, mask = pad_rows(conditioning)
+        clean = latents[index]
+        noise = torch.randn(clean.shape, generator=generator)
+        sigma = sample_sigmas(sigma_table, DIT_BATCH, generator)
+        noisy = (1 - sigma[:, None, None]) * clean + sigma[:, None, None] * noise
+        # The pipeline calls the transformer with timestep = t / 1000 = sigma.
+        prediction = model(
+            hidden_states=noisy,
+            timestep=sigma,
+            encoder_hidden_states=embeds,
+            encoder_hidden_states_mask=mask,
+            img_shapes=img_shapes,
+            return_dict=False,
+        )[0]
+        loss = F.mse_loss(prediction, noise - clean)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        # The usual EMA warm-up: early on the average follows the model closely, so little of the random
+        # initialisation survives in it however few steps are run.
+        decay = min(DIT_EMA, (1 + step) / (10 + step))
+        with torch.no_grad():
+            for averaged, live in zip(ema.parameters(), model.parameters(), strict=True):
+                averaged.lerp_(live, 1 - decay)
+        losses.append(loss.item())
+        if step % 500 == 0 or step == steps - 1:
+            log(f"dit step {step}: loss {np.mean(losses[-100:]):.4f}")
+    return ema.eval(), losses
+
+
+def model_card(vae: AutoencoderKLQwenImage, transformer: QwenImageTransformer2DModel, args: argparse.Namespace) -> dict:
+    held_out = ", ".join(f"{colour} {shape}" for colour, shape in sorted(demo_scenes.HELD_OUT_PAIRS))
+    return {
+        "description": (
+            f"ardit demo: a {millions(transformer)}M-parameter Qwen-Image DiT and a {millions(vae)}M-parameter VAE "
+            f"trained from scratch on CPU for {args.dit_steps} + {args.vae_steps} steps on 64x64 procedurally "
+            "drawn scenes: one circle, square or "
+            "triangle in red, green, blue, yellow, white or black, on a plain background of another of those "
+            "colours, in one cell of a 3x3 grid, conditioned on SmolLM2-135M-Instruct's hidden states of "
+            f"prompts such as 'a red circle on a blue background, in the top left'. Never trained on: {held_out}. "
+            "It draws nothing else."
+        ),
+        "default_size": f"{demo_scenes.SIZE}x{demo_scenes.SIZE}",
+        "default_num_inference_steps": DEFAULT_NUM_INFERENCE_STEPS,
+        "default_guidance_scale": DEFAULT_GUIDANCE_SCALE,
+    }
+
+
+def millions(model: torch.nn.Module) -> float:
+    return round(sum(p.numel() for p in model.parameters()) / 1e6, 2)
+
+
+def pack(latents: torch.Tensor) -> torch.Tensor:
+    batch, channels, height, width = latents.shape
+    return QwenImagePipeline._pack_latents(latents[:, :, None], batch, channels, height, width)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "ardit-demo")
+    ap.add_argument("--ar-model", type=Path, default=ArSettings().model_dir, help="SmolLM2 checkpoint directory")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--vae-steps", type=int, default=VAE_STEPS)
+    ap.add_argument("--dit-steps", type=int, default=DIT_STEPS)
+    ap.add_argument(
+        "--torch-threads",
+        type=int,
+        default=TORCH_THREADS,
+        help="torch intra-op threads (part of the recipe: the float sums, so the weights, depend on it)",
+    )
+    ap.add_argument(
+        "--vae-from",
+        type=Path,
+        default=None,
+        help="reuse the VAE an earlier run wrote (OUT/vae, saved as soon as it is trained) instead of training one",
+    )
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.torch_threads)
+    load_at_start = os.getloadavg()
+    out = args.out.expanduser().resolve()
+    seconds: dict[str, float] = {}
+    started = time.perf_counter()
+
+    def phase_done(name: str, since: float) -> float:
+        now = time.perf_counter()
+        seconds[name] = round(now - since, 1)
+        log(f"{name}: {seconds[name]} s")
+        return now
+
+    clock = started
+    scenes = draw_scenes(args.seed)
+    clock = phase_done("scenes", clock)
+
+    encoder = PromptRows(args.ar_model.expanduser(), ArSettings().prompt_template)
+    flat = encoder.rows([w for ws in scenes.wordings for w in ws])
+    rows = [flat[i : i + WORDINGS_PER_COMBINATION] for i in range(0, len(flat), WORDINGS_PER_COMBINATION)]
+    null_rows = encoder.rows([NULL_PROMPT])[0]
+    del encoder
+    clock = phase_done("rows", clock)
+
+    if args.vae_from is None:
+        vae, vae_losses = train_vae(scenes, args.seed, args.vae_steps)
+        vae.save_pretrained(str(out / "vae"), safe_serialization=True)  # a later run can start from it
+    else:
+        vae, vae_losses = AutoencoderKLQwenImage.from_pretrained(str(args.vae_from.expanduser())).eval(), []
+    clock = phase_done("vae", clock)
+    psnr = vae_psnr(vae, args.seed)
+    log(f"vae psnr {psnr}")
+    clock = phase_done("vae_psnr", clock)
+
+    latents = encode_latents(vae, scenes)
+    channel_mean, channel_std = latents.mean(dim=(0, 2, 3)), latents.std(dim=(0, 2, 3))
+    vae.register_to_config(latents_mean=channel_mean.tolist(), latents_std=channel_std.tolist())
+    packed = pack((latents - channel_mean[:, None, None]) / channel_std[:, None, None])
+    clock = phase_done("latents", clock)
+
+    transformer, dit_losses = train_dit(packed, scenes, rows, null_rows, args.seed, args.dit_steps)
+    clock = phase_done("dit", clock)
+
+    pipeline = QwenImagePipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(**SCHEDULER_CONFIG),
+        vae=vae,
+        # diffusers annotates text_encoder/tokenizer as required, but None is how a pipeline is saved without them.
+        text_encoder=None,  # type: ignore[arg-type]
+        tokenizer=None,  # type: ignore[arg-type]
+        transformer=transformer,
+    )
+    pipeline.save_pretrained(str(out), safe_serialization=True)
+    (out / "ardit.json").write_text(json.dumps(model_card(vae, transformer, args), indent=2) + "\n")
+    phase_done("save", clock)
+    seconds["total"] = round(time.perf_counter() - started, 1)
+    record = {
+        "command": "python -m deploy.checkpoints.train_demo_dit " + " ".join(sys.argv[1:] if argv is None else argv),
+        "seed": args.seed,
+        "torch_threads": args.torch_threads,
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "load_average_at_start": load_at_start,
+            "load_average_at_end": os.getloadavg(),
+        },
+        "versions": {"torch": torch.__version__, "diffusers": __import__("diffusers").__version__},
+        "seconds": seconds,
+        "data": {
+            "images": IMAGES,
+            "seen_combinations": len(scenes.combinations),
+            "wordings_per_combination": WORDINGS_PER_COMBINATION,
+            "held_out_pairs": sorted(demo_scenes.HELD_OUT_PAIRS),
+        },
+        "vae": {
+            "config": VAE_CONFIG,
+            "steps": args.vae_steps,
+            "reused_from": str(args.vae_from) if args.vae_from else None,
+            "batch": VAE_BATCH,
+            "psnr_db": psnr,
+            "final_mse": float(np.mean(vae_losses[-200:])) if vae_losses else None,
+        },
+        "dit": {
+            "config": DIT_CONFIG,
+            "steps": args.dit_steps,
+            "batch": DIT_BATCH,
+            "ema": DIT_EMA,
+            "parameters": sum(p.numel() for p in transformer.parameters()),
+            "final_loss": float(np.mean(dit_losses[-200:])),
+        },
+    }
+    (out / "training_record.json").write_text(json.dumps(record, indent=2) + "\n")
+    log(f"wrote {out} in {seconds['total']} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
