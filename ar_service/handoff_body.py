@@ -185,27 +185,35 @@ class HandoffBody:
 
 
 def coalesced(events: list[tuple[StreamName, RowsEvent]], max_bytes: int) -> Iterator[tuple[StreamName, RowsEvent]]:
-    """``events`` in order, each run of contiguous rows of one stream merged into one event of at most
-    ``max_bytes`` (one frame's payload). An event that fills a frame on its own passes through uncopied."""
-    group: list[RowsEvent] = []
-    group_name: StreamName | None = None
-    group_bytes = 0
-
-    def merged() -> tuple[StreamName, RowsEvent]:
-        assert group_name is not None
-        if len(group) == 1:
-            return group_name, group[0]
-        rows = torch.cat([event.rows for event in group])
-        return group_name, RowsEvent(group[0].start, rows, [i for event in group for i in event.token_ids])
-
+    """``events`` by stream (each stream's own order kept), each run of contiguous rows merged into one event of
+    at most ``max_bytes`` (one frame's payload). With CFG the two streams alternate step by step, so merging only
+    neighbours would merge nothing; the receiver needs order within a stream only. An event that fills a frame on
+    its own passes through uncopied."""
+    by_stream: dict[StreamName, list[RowsEvent]] = {}
     for name, event in events:
+        by_stream.setdefault(name, []).append(event)
+    for name, stream_events in by_stream.items():
+        for event in _contiguous_runs(stream_events, max_bytes):
+            yield name, event
+
+
+def _contiguous_runs(events: list[RowsEvent], max_bytes: int) -> Iterator[RowsEvent]:
+    group: list[RowsEvent] = []
+    group_bytes = 0
+    for event in events:
         size = event.rows.nbytes
-        follows = group and name == group_name and event.start == group[-1].start + group[-1].rows.shape[0]
-        if not (follows and group_bytes + size <= max_bytes):
-            if group:
-                yield merged()
-            group, group_name, group_bytes = [], name, 0
+        follows = bool(group) and event.start == group[-1].start + group[-1].rows.shape[0]
+        if group and not (follows and group_bytes + size <= max_bytes):
+            yield _merged(group)
+            group, group_bytes = [], 0
         group.append(event)
         group_bytes += size
     if group:
-        yield merged()
+        yield _merged(group)
+
+
+def _merged(group: list[RowsEvent]) -> RowsEvent:
+    if len(group) == 1:
+        return group[0]
+    rows = torch.cat([event.rows for event in group])
+    return RowsEvent(group[0].start, rows, [i for event in group for i in event.token_ids])

@@ -112,14 +112,14 @@ def rows_event(start: int, count: int) -> RowsEvent:
     return RowsEvent(start=start, rows=rows, token_ids=list(range(100 + start, 100 + start + count)))
 
 
-def test_only_contiguous_rows_of_one_stream_merge_and_never_past_a_frame():
+def test_contiguous_rows_of_each_stream_merge_across_the_other_streams_events_never_past_a_frame():
     row_bytes = HIDDEN * 4
     big = rows_event(0, 4)
     events: list[tuple[StreamName, RowsEvent]] = [
         ("cond", big),  # fills a frame of 4 rows on its own
         ("cond", rows_event(4, 1)),
         ("cond", rows_event(5, 2)),
-        ("uncond", rows_event(0, 1)),  # another stream
+        ("uncond", rows_event(0, 1)),  # another stream in between (CFG alternates every step)
         ("cond", rows_event(7, 1)),
         ("cond", rows_event(9, 1)),  # a gap
         ("cond", rows_event(10, 1)),
@@ -130,13 +130,12 @@ def test_only_contiguous_rows_of_one_stream_merge_and_never_past_a_frame():
 
     assert [(name, event.start, event.rows.shape[0]) for name, event in out] == [
         ("cond", 0, 4),
-        ("cond", 4, 3),
-        ("uncond", 0, 1),
-        ("cond", 7, 1),
+        ("cond", 4, 4),
         ("cond", 9, 4),
+        ("uncond", 0, 1),
     ]
     assert out[0][1] is big  # passed through, not copied
-    assert out[1][1].token_ids == [104, 105, 106] and out[1][1].rows[:, 0].tolist() == [4.0, 5.0, 6.0]
+    assert out[1][1].token_ids == [104, 105, 106, 107] and out[1][1].rows[:, 0].tolist() == [4.0, 5.0, 6.0, 7.0]
 
 
 def test_both_streams_run_side_by_side_and_close_reports_both():
