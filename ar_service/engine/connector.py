@@ -91,13 +91,20 @@ class HiddenStateConnector(KVConnectorBase_V1, SupportsHMA):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         transfer = vllm_config.kv_transfer_config
         extra = (transfer.kv_connector_extra_config if transfer is not None else None) or {}
-        if "rows_endpoint" not in extra:
-            raise ValueError("HiddenStateConnector needs kv_connector_extra_config['rows_endpoint']")
+        # HiddenStateEngine sets every key from ArSettings, the one home of their defaults.
+        missing = sorted({"rows_endpoint", "final_norm", "without_draft"} - extra.keys())
+        if missing:
+            raise ValueError(f"HiddenStateConnector needs kv_connector_extra_config keys {missing}")
         self._endpoint: str = extra["rows_endpoint"]
-        self._apply_final_norm: bool = bool(extra.get("final_norm", True))
+        self._apply_final_norm: bool = bool(extra["final_norm"])
         self._group, self._block_size = _hidden_state_group(kv_cache_config)
-        if role == KVConnectorRole.WORKER and extra.get("without_draft", True):
-            draft_free.install()  # before the first step: the proposer runs in this process
+        if role == KVConnectorRole.WORKER:
+            if extra["without_draft"]:
+                draft_free.install()  # before the first step: the proposer runs in this process
+            elif draft_free.installed():
+                # An earlier engine in this process wrapped the proposer for good: this one would
+                # run draft-free too and measure the wrong thing.
+                raise RuntimeError("capture_without_draft is off, but this process already runs draft-free")
         # scheduler side
         self._tracked: dict[str, _Tracked] = {}
         self._finishing: list[RowRead] = []

@@ -38,9 +38,9 @@ def install() -> None:
             "check ExtractHiddenStatesProposer.propose still returns the sampled token as its draft, "
             "or turn capture_without_draft off"
         )
-    propose = ExtractHiddenStatesProposer.propose
-    if getattr(propose, _WRAPPED, False):
+    if installed():
         return
+    propose = ExtractHiddenStatesProposer.propose
 
     @functools.wraps(propose)
     def propose_no_draft(self, *args, **kwargs):
@@ -49,3 +49,8 @@ def install() -> None:
 
     setattr(propose_no_draft, _WRAPPED, True)
     ExtractHiddenStatesProposer.propose = propose_no_draft  # type: ignore[method-assign]
+
+
+def installed() -> bool:
+    """Whether this process's proposers already propose no draft (the wrap is not undone)."""
+    return bool(getattr(ExtractHiddenStatesProposer.propose, _WRAPPED, False))

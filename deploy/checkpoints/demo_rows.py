@@ -33,10 +33,6 @@ class PromptRows:
         with torch.no_grad():
             self._prefix_cache = self.model(torch.tensor([self.prefix_ids]), use_cache=True).past_key_values
 
-    @property
-    def hidden_size(self) -> int:
-        return int(self.model.config.hidden_size)
-
     @torch.no_grad()
     def rows(self, prompts: Sequence[str], batch_size: int = 16) -> list[torch.Tensor]:
         """One float32 tensor [tokens after the template prefix, hidden] per prompt."""

@@ -19,6 +19,7 @@ def draft_tokens_scheduled(engine: HiddenStateEngine) -> float:
     assert manager is not None, "the engine logs no stats"
     prometheus = next(logger for logger in manager.stat_loggers if isinstance(logger, PrometheusStatLogger))
     counters = prometheus.spec_decoding_prom.counter_spec_decode_num_draft_tokens
+    assert counters, "the engine records no draft-token counts: an unchanged total would prove nothing"
     total = 0.0
     for counter in counters.values():
         assert isinstance(counter, Counter)
