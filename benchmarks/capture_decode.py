@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import collections
 import json
-import os
 import time
 import uuid
 from dataclasses import dataclass
@@ -36,10 +35,10 @@ from typing import Any
 
 import paired
 import psutil
-import torch
 
 paired.use_this_checkout()
 
+import bench_engines  # noqa: E402
 from worker_profile import WorkerProfile  # noqa: E402
 
 from ar_service.engine.hidden_state_engine import (  # noqa: E402
@@ -71,19 +70,9 @@ class Sample:
     generated: int
 
 
-def workload(length: int, seed: int) -> list[int]:
-    return torch.randint(100, 40000, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def start(name: str, common: dict) -> Engine:
-    me = psutil.Process()
-    before = {p.pid for p in me.children()}
-    engine = HiddenStateEngine(ArSettings(**common, **ENGINES[name]))
-    engine.start()
-    new = [p for p in me.children() if p.pid not in before and "EngineCore" in " ".join([*p.cmdline(), p.name()])]
-    if len(new) != 1:
-        raise RuntimeError(f"{name}: cannot tell its EngineCore process ({new})")
-    return Engine(name, engine, new[0])
+def start(name: str) -> Engine:
+    engine, core = bench_engines.start_engine(name, ENGINES[name])
+    return Engine(name, engine, core)
 
 
 def worker_of(engine: Engine) -> psutil.Process:
@@ -197,15 +186,7 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="py-spy each engine's worker during a long decode")
     parser.add_argument("--out", type=Path, default=paired.RESULTS / "capture_decode.json")
     args = parser.parse_args()
-    # vLLM's 'auto' binding reserves a different number of cores with and without the speculative
-    # method; every engine gets all of them, so only capture differs.
-    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{(os.cpu_count() or 1) - 1}"
-    common: dict[str, Any] = {
-        "enable_prefix_caching": True,
-        "kv_cache_bytes": 512 << 20,
-        "max_model_len": 8192,
-        "max_num_batched_tokens": 2048,
-    }
+    bench_engines.bind_every_core()
     report: dict = {
         "command": "python benchmarks/capture_decode.py "
         + f"--rounds {args.rounds} --long {args.long} --short {args.short} --new-tokens {args.new_tokens}"
@@ -217,8 +198,8 @@ def main() -> None:
     engines: list[Engine] = []
     try:
         for name in ENGINES:
-            engines.append(start(name, common))
-        prompts = {"long": workload(args.long, 1), "short": workload(args.short, 2)}
+            engines.append(start(name))
+        prompts = {"long": bench_engines.workload(args.long, 1), "short": bench_engines.workload(args.short, 2)}
         report |= asyncio.run(measure(args, engines, prompts))
         report["peak_rss_mb_all_engines"] = round(paired.tree_rss(psutil.Process()) / 2**20)
     finally:

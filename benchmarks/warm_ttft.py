@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import tempfile
 import time
@@ -42,6 +41,7 @@ import torch
 
 paired.use_this_checkout()
 
+import bench_engines  # noqa: E402
 from worker_profile import BETWEEN_STEPS, WorkerProfile  # noqa: E402
 
 from ar_service.engine.final_norm import FinalNorm  # noqa: E402
@@ -91,19 +91,9 @@ class Sample:
     stages: dict[str, float]  # seconds
 
 
-def workload(length: int, seed: int) -> list[int]:
-    return torch.randint(100, 40000, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def start(name: str, common: dict) -> Engine:
-    me = psutil.Process()
-    before = {p.pid for p in me.children()}
-    engine = HiddenStateEngine(ArSettings(**common, **ENGINES[name]))
-    engine.start()
-    new = [p for p in me.children() if p.pid not in before and "EngineCore" in " ".join([*p.cmdline(), p.name()])]
-    if len(new) != 1:
-        raise RuntimeError(f"{name}: cannot tell its EngineCore process ({new})")
-    return Engine(name, engine, new[0], EngineClock(engine))
+def start(name: str) -> Engine:
+    engine, core = bench_engines.start_engine(name, ENGINES[name])
+    return Engine(name, engine, core, EngineClock(engine))
 
 
 async def request(engine: Engine, prompt: list[int], salt: str, expected_cached: int) -> Sample:
@@ -272,13 +262,7 @@ def main() -> None:
     parser.add_argument("--profile-requests", type=int, default=10, help="0: no py-spy profile")
     parser.add_argument("--out", type=Path, default=paired.RESULTS / "warm_ttft.json")
     args = parser.parse_args()
-    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{(os.cpu_count() or 1) - 1}"  # both engines get every core
-    common: dict[str, Any] = {
-        "enable_prefix_caching": True,
-        "kv_cache_bytes": 512 << 20,
-        "max_model_len": 8192,
-        "max_num_batched_tokens": 2048,
-    }
+    bench_engines.bind_every_core()
     report: dict = {
         "command": f"python benchmarks/warm_ttft.py --rounds {args.rounds} --long {args.long} "
         f"--profile-requests {args.profile_requests}",
@@ -289,8 +273,8 @@ def main() -> None:
     engines: list[Engine] = []
     try:
         for name in ENGINES:
-            engines.append(start(name, common))
-        report |= asyncio.run(measure(args, engines, workload(args.long, 1)))
+            engines.append(start(name))
+        report |= asyncio.run(measure(args, engines, bench_engines.workload(args.long, 1)))
     finally:
         for engine in engines:
             engine.engine.shutdown()
