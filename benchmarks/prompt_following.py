@@ -5,12 +5,15 @@ pictures: every combination, twice; its accuracy there bounds what it can say ab
 seeded set of prompts (new wordings drawn from the generator's templates) goes through the public API with
 the official ``openai`` client, each with several seeds, and the judge reads every picture. Accuracy per
 attribute (shape, shape colour, background colour, position, and all four at once) is reported for the
-combinations the model was trained on and the held-out colour x shape pairs apart.
+combinations the model was trained on and the held-out colour x shape pairs apart. With ``--vae-of`` the judge
+also reads fresh pictures round-tripped through the model's VAE: every picture the DiT makes is a decoded
+latent, so that is the most the DiT could score.
 
 Start the services with the demo model first (``make run``, or ``python -m services.launcher`` with
 ``ARDIT_DIT_MODEL_DIR=deploy/checkpoints/ardit-demo``), then::
 
-    python -m benchmarks.prompt_following [--base-url http://127.0.0.1:8000/v1] [--steps 20] [--seeds 2]
+    python -m benchmarks.prompt_following [--base-url http://127.0.0.1:8000/v1] [--steps 20] [--seeds 2] \\
+        [--vae-of deploy/checkpoints/ardit-demo]
 """
 
 from __future__ import annotations
@@ -26,6 +29,11 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+import torch
+
+# From its own module: to a type checker diffusers' top-level AutoencoderKLQwenImage is a no-torch placeholder.
+from diffusers.models.autoencoders.autoencoder_kl_qwenimage import AutoencoderKLQwenImage
 from openai import OpenAI
 from PIL import Image
 
@@ -61,6 +69,21 @@ def judge_on_clean_pictures() -> dict:
     return {"pictures": len(scores), "accuracy": accuracy(scores)}
 
 
+def judge_on_vae_round_trips(model_dir: Path, count: int = 400) -> dict:
+    """Fresh pictures of trained combinations through the model's own VAE (encode, decode): what the judge reads
+    there is the most the DiT could reach, since every picture it makes is a decoded latent."""
+    vae = AutoencoderKLQwenImage.from_pretrained(str(model_dir / "vae")).eval()
+    rng = random.Random(PROMPT_SEED + 1)
+    asked = [rng.choice(demo_scenes.seen_attributes()) for _ in range(count)]
+    pictures = [demo_scenes.draw(demo_scenes.random_scene(a, rng)) for a in asked]
+    pixels = torch.stack([torch.from_numpy(np.array(p)).permute(2, 0, 1) for p in pictures]).float() / 127.5 - 1
+    with torch.no_grad():
+        decoded = vae.decode(vae.encode(pixels[:, :, None]).latent_dist.mode()).sample[:, :, 0]
+    rgb = ((decoded.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
+    scores = [correct(judge(Image.fromarray(picture)), a) for picture, a in zip(rgb, asked, strict=True)]
+    return {"pictures": len(scores), "accuracy": accuracy(scores)}
+
+
 def benchmark_prompts(seen: int, held_out: int) -> list[tuple[str, demo_scenes.Attributes]]:
     rng = random.Random(PROMPT_SEED)
     chosen = rng.sample(demo_scenes.seen_attributes(), seen) + rng.sample(demo_scenes.held_out_attributes(), held_out)
@@ -85,12 +108,21 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=2, help="seeds per prompt")
     ap.add_argument("--seen", type=int, default=80, help="prompts of trained combinations")
     ap.add_argument("--held-out", type=int, default=40, help="prompts of held-out colour x shape pairs")
+    ap.add_argument(
+        "--vae-of",
+        type=Path,
+        default=None,
+        help="the served model's folder: also judge pictures round-tripped through its VAE (the DiT's ceiling)",
+    )
     ap.add_argument("--out", type=Path, default=RESULTS / "prompt_following.json")
     args = ap.parse_args()
 
     load_at_start = os.getloadavg()
     clean = judge_on_clean_pictures()
     print(f"judge on {clean['pictures']} clean pictures: {clean['accuracy']}", flush=True)
+    round_trips = judge_on_vae_round_trips(args.vae_of) if args.vae_of else None
+    if round_trips:
+        print(f"judge on {round_trips['pictures']} VAE round trips: {round_trips['accuracy']}", flush=True)
 
     client = OpenAI(base_url=args.base_url, api_key=args.api_key, max_retries=0, timeout=120)
     model = client.models.retrieve("ardit").model_dump()
@@ -119,6 +151,7 @@ def main() -> int:
         "guidance_scale": args.guidance_scale,
         "size": "64x64",
         "judge_on_clean_pictures": clean,
+        "judge_on_vae_round_trips": round_trips,
         "renders": {split: len(s) for split, s in scores.items()},
         "render_seconds": round(seconds, 1),
         "accuracy": {split: accuracy(s) for split, s in scores.items()},
