@@ -69,24 +69,27 @@ NULL_PROMPT = ArSettings().default_negative_prompt
 NULL_PROMPT_RATE = 0.1
 
 VAE_Z_DIM = 8
+# One entry per 2x spatial downsampling (diffusers' name; whether it also halves time is moot for one frame).
+VAE_TEMPORAL_DOWNSAMPLE = [False, True, True]
 VAE_CONFIG = {
     "base_dim": 16,
     "z_dim": VAE_Z_DIM,
     "dim_mult": [1, 1, 1, 1],
     "num_res_blocks": 0,
     "attn_scales": [],
-    "temperal_downsample": [False, True, True],
+    "temperal_downsample": VAE_TEMPORAL_DOWNSAMPLE,
     "dropout": 0.0,
 }
-VAE_STEPS = 3_000
+VAE_STEPS = 5_000
 VAE_BATCH = 16
 VAE_LR = 1e-3
 VAE_KL_WEIGHT = 1e-5
 VAE_INITIAL_LOGVAR = -9.0  # posterior std 0.01 at the start
 PSNR_IMAGES = 512
 
+DIT_PATCH_SIZE = 2  # QwenImagePipeline packs 2x2 latent patches into a token, whatever the config says
 DIT_CONFIG = {
-    "patch_size": 2,
+    "patch_size": DIT_PATCH_SIZE,
     "in_channels": 4 * VAE_Z_DIM,  # 2x2 latent patches packed into channels
     "out_channels": VAE_Z_DIM,
     "num_layers": 4,
@@ -95,7 +98,7 @@ DIT_CONFIG = {
     "guidance_embeds": False,
     "axes_dims_rope": [8, 12, 12],
 }
-DIT_STEPS = 5_000
+DIT_STEPS = 7_000
 DIT_BATCH = 64
 DIT_LR = 1e-3
 DIT_EMA = 0.999
@@ -213,11 +216,17 @@ def encode_latents(vae: AutoencoderKLQwenImage, scenes: Scenes) -> torch.Tensor:
     return torch.cat(chunks)
 
 
+def token_grid_side() -> int:
+    """Image tokens along a side: the VAE's downsampling (2 per temporal-downsample entry, as diffusers counts
+    it), then the pipeline's 2x2 patches."""
+    return demo_scenes.SIZE // (2 ** len(VAE_TEMPORAL_DOWNSAMPLE) * DIT_PATCH_SIZE)
+
+
 def training_sigmas() -> torch.Tensor:
     """Every sigma the pipeline steps through at 64x64 for each step count, one row per count, padded with NaN."""
     scheduler = FlowMatchEulerDiscreteScheduler(**SCHEDULER_CONFIG)
     config = scheduler.config
-    image_tokens = (demo_scenes.SIZE // 16) ** 2  # VAE 8x, then 2x2 patches
+    image_tokens = token_grid_side() ** 2
     mu = calculate_shift(
         image_tokens, config.base_image_seq_len, config.max_image_seq_len, config.base_shift, config.max_shift
     )
@@ -262,7 +271,7 @@ def train_dit(
     optimizer = torch.optim.AdamW(model.parameters(), lr=DIT_LR, weight_decay=0.0)
     generator = torch.Generator().manual_seed(seed)
     sigma_table = training_sigmas()
-    side = demo_scenes.SIZE // 16
+    side = token_grid_side()
     img_shapes = [[(1, side, side)]] * DIT_BATCH
     losses = []
     for step in range(steps):
