@@ -5,7 +5,7 @@ colours (pure primaries, yellow, white, black), and it reads a picture with plai
 
 - background: the median colour of the outer two-pixel ring;
 - the shape: the largest 4-connected region of pixels far from that background colour;
-- shape colour: the median colour of that region; position: its centre of mass on a 3x3 grid;
+- shape colour: the median colour of that region; position: the quarter of the picture its centre of mass lies in;
 - shape kind: how full the four corners of the region's bounding box are: a square fills all four,
   a triangle standing on its base fills only the bottom two, a circle none.
 
@@ -29,8 +29,8 @@ REFERENCE_COLOURS: dict[str, tuple[int, int, int]] = {
     "white": (255, 255, 255),
     "black": (0, 0, 0),
 }
-ROWS = ("top", "middle", "bottom")
-COLUMNS = ("left", "centre", "right")
+ROWS = ("top", "bottom")
+COLUMNS = ("left", "right")
 
 BORDER = 2  # pixels of the outer ring that sample the background
 FOREGROUND_DISTANCE = 80.0  # RGB distance from the background colour that makes a pixel part of a shape

@@ -1,8 +1,14 @@
 """The demo model's world: one coloured shape on a plain background, drawn by code, with exact labels.
 
 A scene is a shape (circle, square, triangle) in one of six colours, on a background of another of those
-colours, centred in one cell of a 3x3 grid of a 64x64 picture, with a little random jitter in size and
-position (so the seed of a render has something to decide). Everything is a pure function of a seed.
+colours, centred in one quarter of a 64x64 picture, with a little random jitter in size and position (so
+the seed of a render has something to decide). Everything is a pure function of a seed.
+
+Why quarters and not a 3x3 grid: a 3x3 cell of a 64x64 picture holds a shape of about 16 pixels, which the
+VAE's 8x downsampling turns into 2x2 latent pixels. There, what tells a circle from a square is a few corner
+pixels: a VAE trained for 5,000 steps kept the shape in only 90% of round trips, and a DiT trained in the
+30-minute budget drew the asked shape in 62% of pictures. A quarter holds a 20-24 pixel shape, about 3x3
+latent pixels.
 
 Prompts vary in wording, not only in labels: eight sentence templates, several nouns per shape and several
 phrasings per position ("a red circle on a blue background, in the top left", "blue background, red disc in
@@ -24,7 +30,7 @@ from PIL import Image, ImageDraw
 
 SIZE = 64
 SUPERSAMPLE = 4  # drawn at 4x and reduced: anti-aliased edges like a real picture's
-GRID = 3
+GRID = 2
 
 PALETTE: dict[str, tuple[int, int, int]] = {
     "red": (215, 40, 40),
@@ -36,17 +42,17 @@ PALETTE: dict[str, tuple[int, int, int]] = {
 }
 COLOURS = tuple(PALETTE)
 SHAPES = ("circle", "square", "triangle")
-ROWS = ("top", "middle", "bottom")
-COLUMNS = ("left", "centre", "right")
+ROWS = ("top", "bottom")
+COLUMNS = ("left", "right")
 
 HELD_OUT_PAIRS: frozenset[tuple[str, str]] = frozenset(
     {("green", "triangle"), ("yellow", "circle"), ("blue", "square")}
 )
 
 # Shape side (circle diameter, triangle base and height) in pixels, and how far the centre may move off the
-# cell centre: the shape always sits inside its cell's third of the picture.
-SHAPE_SIZE_RANGE = (14.0, 18.0)
-CENTRE_JITTER = 1.5
+# centre of its quarter: the shape always stays 2 pixels inside its quarter.
+SHAPE_SIZE_RANGE = (20.0, 24.0)
+CENTRE_JITTER = 2.0
 
 SHAPE_NOUNS = {
     "circle": ("circle", "disc", "round shape", "dot"),
@@ -90,7 +96,7 @@ class Scene:
 
 
 def all_attributes() -> list[Attributes]:
-    """Every combination, in a fixed order: 3 shapes x 6 colours x 5 backgrounds x 9 cells = 810."""
+    """Every combination, in a fixed order: 3 shapes x 6 colours x 5 backgrounds x 4 quarters = 360."""
     return [
         Attributes(shape, colour, background, row, column)
         for shape, colour, background, row, column in product(SHAPES, COLOURS, COLOURS, ROWS, COLUMNS)
@@ -138,13 +144,6 @@ def draw(scene: Scene) -> Image.Image:
 
 
 def position_phrases(row: str, column: str) -> tuple[str, ...]:
-    if (row, column) == ("middle", "centre"):
-        return ("in the centre", "in the middle", "at the center")
-    if row == "middle":
-        return (f"on the {column}", f"at the middle {column}", f"on the {column} side")
-    if column == "centre":
-        upper = "upper" if row == "top" else "lower"
-        return (f"at the {row}", f"in the {row} centre", f"at the {upper} middle")
     upper = "upper" if row == "top" else "lower"
     return (f"in the {row} {column}", f"in the {row}-{column} corner", f"at the {upper} {column}")
 

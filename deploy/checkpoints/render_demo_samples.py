@@ -25,17 +25,17 @@ SEEN = [
     "a red circle on a blue background, in the top left",
     "blue background, red disc in the upper left corner",
     "a yellow square at the bottom right on black",
-    "a white triangle on a green background, in the centre",
-    "green background, black box on the left",
-    "there is a blue triangle at the top; the background is yellow",
+    "a white triangle on a green background, in the top right",
+    "green background, black box at the lower left",
+    "there is a blue triangle in the top-right corner; the background is yellow",
     "a plain white background with a red triangle in the bottom-left corner",
-    "on black: one green circle, at the lower middle",
+    "on black: one green circle, at the lower right",
 ]
 HELD_OUT = [
-    "a green triangle on a white background, in the middle",
+    "a green triangle on a white background, in the top left",
     "a yellow circle on a blue background, in the top right",
-    "a blue square on a yellow background, at the bottom",
-    "black background, green triangular shape on the right side",
+    "a blue square on a yellow background, at the lower left",
+    "black background, green triangular shape in the bottom right",
 ]
 SCALE = 3
 COLUMNS = 4

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 PROMPTS = [
     "a red circle on a blue background, in the top left",
     "blue background, yellow triangular shape in the lower-right corner",
-    "there is a white box at the middle left; the background is black",
+    "there is a white box at the lower left; the background is black",
     " ",  # the AR's default negative prompt: it merges into the template prefix's last token
 ]
 
