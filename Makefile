@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 export ARDIT_CACHE_DIR ?= $(HOME)/.cache/ardit
 SMOLLM2_DIR := $(ARDIT_CACHE_DIR)/models/smollm2-135m-instruct
 TINY_DIT_DIR := $(ARDIT_CACHE_DIR)/models/qwen-image-tiny
-# The trained demo DiT (the DiT's default model) is committed: training it took 28 minutes on 2 cores
+# The trained demo DiT (the DiT's default model) is committed: training it took 23 minutes on 2 cores
 # (deploy/checkpoints/ardit-demo/README.md), so `make checkpoints` installs the committed weights.
 DEMO_DIT_SRC := deploy/checkpoints/ardit-demo
 DEMO_DIT_DIR := $(ARDIT_CACHE_DIR)/models/ardit-demo

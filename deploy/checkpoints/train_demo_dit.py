@@ -80,7 +80,7 @@ VAE_CONFIG = {
     "temperal_downsample": VAE_TEMPORAL_DOWNSAMPLE,
     "dropout": 0.0,
 }
-VAE_STEPS = 5_000
+VAE_STEPS = 2_000
 VAE_BATCH = 16
 VAE_LR = 1e-3
 VAE_KL_WEIGHT = 1e-5
@@ -98,7 +98,7 @@ DIT_CONFIG = {
     "guidance_embeds": False,
     "axes_dims_rope": [8, 12, 12],
 }
-DIT_STEPS = 7_000
+DIT_STEPS = 5_000
 DIT_BATCH = 64
 DIT_LR = 1e-3
 DIT_EMA = 0.999
@@ -106,7 +106,10 @@ WARMUP_STEPS = 200
 SCHEDULE_STEP_COUNTS = range(2, 51)  # the num_inference_steps whose sigmas the DiT trains on
 
 DEFAULT_NUM_INFERENCE_STEPS = 20
-DEFAULT_GUIDANCE_SCALE = 1.0
+# Classifier-free guidance against the null prompt the DiT learned in NULL_PROMPT_RATE of its steps: on 80
+# renders of the prompt-following benchmark's trained combinations, guidance 2 drew the asked shape in 90% against
+# 79% without (3: 88%); colours and position were 100% either way. It doubles the DiT's work per picture.
+DEFAULT_GUIDANCE_SCALE = 2.0
 
 
 @dataclass
@@ -245,15 +248,24 @@ def sample_sigmas(table: torch.Tensor, count: int, generator: torch.Generator) -
     return table[rows, columns]
 
 
-def pad_rows(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Valid rows first, zeros after, and a 0/1 mask: the layout the DiT service builds."""
-    longest = max(r.shape[0] for r in rows)
-    embeds = torch.zeros((len(rows), longest, rows[0].shape[1]))
-    mask = torch.zeros((len(rows), longest), dtype=torch.long)
-    for i, r in enumerate(rows):
-        embeds[i, : r.shape[0]] = r
-        mask[i, : r.shape[0]] = 1
-    return embeds, mask
+class RowTable:
+    """Every conditioning the DiT trains on (each wording of each combination, then the null prompt's), padded
+    once: a batch is a gather and a slice rather than a Python loop of copies (that loop was a fifth of a step).
+    Valid rows first, zeros after, and a 0/1 mask: the layout the DiT service builds."""
+
+    def __init__(self, rows: list[list[torch.Tensor]], null_rows: torch.Tensor) -> None:
+        flat = [r for per_combination in rows for r in per_combination] + [null_rows]
+        self.null = len(flat) - 1
+        self.lengths = torch.tensor([r.shape[0] for r in flat])
+        self.embeds = torch.zeros((len(flat), int(self.lengths.max()), null_rows.shape[1]))
+        for i, r in enumerate(flat):
+            self.embeds[i, : r.shape[0]] = r
+
+    def batch(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        lengths = self.lengths[ids]
+        longest = int(lengths.max())
+        mask = (torch.arange(longest)[None, :] < lengths[:, None]).long()
+        return self.embeds[ids, :longest], mask
 
 
 def train_dit(
@@ -271,6 +283,7 @@ def train_dit(
     optimizer = torch.optim.AdamW(model.parameters(), lr=DIT_LR, weight_decay=0.0)
     generator = torch.Generator().manual_seed(seed)
     sigma_table = training_sigmas()
+    table = RowTable(rows, null_rows)
     side = token_grid_side()
     img_shapes = [[(1, side, side)]] * DIT_BATCH
     losses = []
@@ -279,11 +292,8 @@ def train_dit(
         index = torch.randint(len(latents), (DIT_BATCH,), generator=generator)
         wording = torch.randint(WORDINGS_PER_COMBINATION, (DIT_BATCH,), generator=generator)
         unconditioned = torch.rand(DIT_BATCH, generator=generator) < NULL_PROMPT_RATE
-        conditioning = [
-            null_rows if unconditioned[i] else rows[int(scenes.combination[index[i]])][int(wording[i])]
-            for i in range(DIT_BATCH)
-        ]
-        embeds, mask = pad_rows(conditioning)
+        ids = scenes.combination[index] * WORDINGS_PER_COMBINATION + wording
+        embeds, mask = table.batch(torch.where(unconditioned, table.null, ids))
         clean = latents[index]
         noise = torch.randn(clean.shape, generator=generator)
         sigma = sample_sigmas(sigma_table, DIT_BATCH, generator)
@@ -305,8 +315,7 @@ def train_dit(
         # initialisation survives in it however few steps are run.
         decay = min(DIT_EMA, (1 + step) / (10 + step))
         with torch.no_grad():
-            for averaged, live in zip(ema.parameters(), model.parameters(), strict=True):
-                averaged.lerp_(live, 1 - decay)
+            torch._foreach_lerp_(list(ema.parameters()), list(model.parameters()), 1 - decay)
         losses.append(loss.item())
         if step % 500 == 0 or step == steps - 1:
             log(f"dit step {step}: loss {np.mean(losses[-100:]):.4f}")
@@ -321,7 +330,7 @@ def model_card(vae: AutoencoderKLQwenImage, transformer: QwenImageTransformer2DM
             f"trained from scratch on CPU for {args.dit_steps} + {args.vae_steps} steps on 64x64 procedurally "
             "drawn scenes: one circle, square or "
             "triangle in red, green, blue, yellow, white or black, on a plain background of another of those "
-            "colours, in one cell of a 3x3 grid, conditioned on SmolLM2-135M-Instruct's hidden states of "
+            "colours, in one quarter of the picture, conditioned on SmolLM2-135M-Instruct's hidden states of "
             f"prompts such as 'a red circle on a blue background, in the top left'. Never trained on: {held_out}. "
             "It draws nothing else."
         ),
