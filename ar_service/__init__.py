@@ -1,3 +1,44 @@
-"""The AR service: vLLM with hidden-state capture, the public OpenAI image API, the handoff client."""
+"""The AR service: vLLM with hidden-state capture, the public OpenAI image API, the handoff to DiTs.
+
+Read it in the order a request travels (docs/reading-order.md): ``api/router.py`` →
+``api/serving.py`` → ``api/validation.py`` → ``admission.py`` → ``image_generation.py`` →
+``engine/`` (vLLM) → ``handoff_body.py`` → ``dit_pool.py`` → ``handoff_client.py``. ``app.py``
+composes them.
+
+The names below are the in-process API: what code running beside the service in one process
+(benchmarks, tools) may use. Everything else in this package is internal.
+"""
 
 __version__ = "0.1.0"
+
+from ar_service.app import ArRuntime, create_ar_app
+from ar_service.engine.final_norm import FinalNorm
+from ar_service.engine.hidden_state_engine import (
+    EngineEvent,
+    EngineRequest,
+    FinishedEvent,
+    HiddenStateEngine,
+    RowsEvent,
+)
+from ar_service.engine.row_channel import RowChannel, RowSender
+from ar_service.handoff_body import HandoffBody
+from ar_service.handoff_client import HandoffClient
+from ar_service.prompt_builder import PromptBuilder
+from ar_service.settings import ArSettings
+
+__all__ = [
+    "ArRuntime",
+    "ArSettings",
+    "EngineEvent",
+    "EngineRequest",
+    "FinalNorm",
+    "FinishedEvent",
+    "HandoffBody",
+    "HandoffClient",
+    "HiddenStateEngine",
+    "PromptBuilder",
+    "RowChannel",
+    "RowSender",
+    "RowsEvent",
+    "create_ar_app",
+]

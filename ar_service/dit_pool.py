@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,10 +30,11 @@ from ar_service.handoff_client import (
     DitUnavailable,
     DitUnreachable,
     HandoffClient,
+    HandoffResult,
     PartialImageSink,
-    RenderResult,
 )
-from shared.capabilities import DiffusionLimits, DitCapabilities
+from ar_service.settings import ArSettings
+from shared.capabilities import DitCapabilities
 
 log = logging.getLogger("ardit.ar.dit_pool")
 
@@ -76,9 +76,31 @@ class DitPool:
     replicas: dict[str, DitReplica] = field(default_factory=dict)
 
     @classmethod
-    def from_setting(cls, dit_url: str, **kwargs: object) -> DitPool:
-        targets = [url.strip().rstrip("/") for url in dit_url.split(",") if url.strip()]
-        return cls(targets, **kwargs)  # type: ignore[arg-type]
+    def of_settings(cls, settings: ArSettings, hidden_size: int) -> DitPool:
+        """The pool ``ARDIT_AR_DIT_URL`` names, talking to each replica as the settings say."""
+
+        def client(base_url: str) -> httpx.AsyncClient:
+            # Reads and writes time out after the stall timeout: the DiT sends progress while it works
+            # (queued or rendering), so silence that long means it froze.
+            timeout = httpx.Timeout(settings.dit_stall_timeout_seconds, connect=settings.dit_connect_timeout_seconds)
+            limits = httpx.Limits(max_connections=64, max_keepalive_connections=16)
+            return httpx.AsyncClient(base_url=base_url, timeout=timeout, limits=limits)
+
+        return cls(
+            targets=[url.strip().rstrip("/") for url in settings.dit_url.split(",") if url.strip()],
+            make_client=client,
+            token=settings.handoff_token.get_secret_value() if settings.handoff_token else None,
+            deadline_seconds=settings.dit_timeout_seconds,
+            hidden_size=hidden_size,
+            conditioning=settings.conditioning,
+        )
+
+    async def keep_resolved(self, interval: float) -> None:
+        """Resolve the targets again every ``interval`` seconds, until cancelled: DiT replicas come
+        and go with their DNS answer (a Kubernetes headless Service)."""
+        while True:
+            await self.refresh()
+            await asyncio.sleep(interval)
 
     async def refresh(self) -> None:
         """Resolve the targets again: new addresses become replicas, vanished ones retire."""
@@ -108,7 +130,7 @@ class DitPool:
         if not ready:
             reasons = "; ".join(sorted({s.reason for s in states})) or "no DiT replica resolved"
             return PoolState(False, reasons)
-        capabilities = _common([s.capabilities for s in ready if s.capabilities is not None])
+        capabilities = DitCapabilities.common([s.capabilities for s in ready if s.capabilities is not None])
         capacity = sum(s.capabilities.capacity.max_outstanding for s in ready if s.capabilities is not None)
         return PoolState(True, f"ready ({len(ready)}/{len(live)} DiT replicas)", capabilities, capacity)
 
@@ -116,22 +138,23 @@ class DitPool:
         for replica in self.replicas.values():
             replica.peer.forget()
 
-    async def render(
+    async def exchange(
         self, request_id: str, body: HandoffBody, on_partial_image: PartialImageSink | None = None
-    ) -> RenderResult:
+    ) -> HandoffResult:
         tried: set[str] = set()
         while True:
             replica = self._pick(exclude=tried)
             if replica is None:
+                self.forget()  # the next request probes every replica again
                 raise DitUnavailable("no DiT replica is ready with room for this handoff")
             tried.add(replica.url)
             replica.outstanding += 1
             try:
-                return await replica.handoff.render(request_id, body, on_partial_image)
+                return await replica.handoff.exchange(request_id, body, on_partial_image)
             except (DitBusy, DitUnavailable) as exc:
                 replica.peer.forget()
                 # Rows already sent stay with that replica: the failure is the request's.
-                if body.rows_started or not _refused_before_rows(exc):
+                if exc.rows_sent or not _refused_before_rows(exc):
                     raise
                 log.warning("DiT replica %s refused or unreachable (%s); trying another", replica.url, exc)
             finally:
@@ -180,22 +203,3 @@ def _is_ip(host: str) -> bool:
     except OSError:
         return False
     return True
-
-
-def _common(all_capabilities: list[DitCapabilities]) -> DitCapabilities:
-    """What every one of these DiTs can do: the first's identity and defaults, the tightest limits."""
-    first = all_capabilities[0]
-    if all(c == first for c in all_capabilities):
-        return first
-    limits = [c.limits for c in all_capabilities]
-    common = DiffusionLimits(
-        size_multiple=math.lcm(*(x.size_multiple for x in limits)),
-        max_pixels=min(x.max_pixels for x in limits),
-        min_inference_steps=max(x.min_inference_steps for x in limits),
-        max_inference_steps=min(x.max_inference_steps for x in limits),
-        max_guidance_scale=min(x.max_guidance_scale for x in limits),
-        max_images=min(x.max_images for x in limits),
-        max_conditioning_rows=min(x.max_conditioning_rows for x in limits),
-        output_formats=[f for f in first.limits.output_formats if all(f in x.output_formats for x in limits)],
-    )
-    return first.model_copy(update={"limits": common})

@@ -2,10 +2,10 @@
 
 A ``HandoffBody`` owns everything the body is made of: an edit's image (and mask), sent right
 after ``open``; the engine runs of the request's streams (``cond``, and ``uncond`` with CFG)
-running side by side, the rows held back when the handoff is not overlapped with decoding, the
-finished events ``close`` reports, and the handoff's timing.
-The handoff client only iterates it (frame by frame, each a list of wire buffers) and tells it
-when the DiT answered.
+running side by side, and the rows held back when the handoff is not overlapped with decoding.
+Whoever sends it only iterates it: each ``BodyFrame`` is one frame's wire buffers, and the last,
+``close``, carries what the engine runs reported (their finished events, and when the engine
+handed over its last rows), so the sender's report needs nothing read back from the body.
 
 Rows become frames as soon as they arrive (``overlap``), so the transfer hides behind prefill
 and decoding; without ``overlap`` they are held and sent after the AR's last row.
@@ -18,7 +18,8 @@ import contextlib
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
-from types import MappingProxyType, TracebackType
+from types import TracebackType
+from typing import Literal
 
 import torch
 
@@ -27,23 +28,24 @@ from shared.frame_types import Buffer
 from shared.frames import PixelRole, StreamName
 from shared.handoff_encoder import HandoffEncoder
 
-# A text-to-image handoff: no edit image.
-NO_PIXELS: Mapping[PixelRole, bytes] = MappingProxyType({})
+
+@dataclass(frozen=True)
+class EngineReport:
+    """What the engine runs reported, carried by the ``close`` frame."""
+
+    finished: Mapping[StreamName, FinishedEvent]
+    last_row_at: float  # perf_counter when the engine handed over its last rows
 
 
-@dataclass
-class HandoffStats:
-    bytes_sent: int = 0
-    frames_sent: int = 0
-    last_row_at: float | None = None  # perf_counter when the engine handed over its last rows
-    acknowledged_at: float | None = None  # perf_counter when the DiT answered (handoff complete)
+@dataclass(frozen=True)
+class BodyFrame:
+    kind: Literal["open", "pixels", "rows", "close"]
+    buffers: list[Buffer]
+    engine: EngineReport | None = None  # with ``close`` only
 
     @property
-    def handoff_latency(self) -> float | None:
-        """AR's last row → DiT holds the complete conditioning (the tail not hidden by decoding)."""
-        if self.last_row_at is None or self.acknowledged_at is None:
-            return None
-        return max(0.0, self.acknowledged_at - self.last_row_at)
+    def nbytes(self) -> int:
+        return sum(memoryview(b).nbytes for b in self.buffers)
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,11 @@ class ArTimings:
 
 
 class HandoffBody:
-    """Use as ``async with``: leaving it stops the engine runs that are still going."""
+    """Use as ``async with``: leaving it stops the engine runs that are still going.
+
+    Iterating it again before a ``rows`` frame went out starts it over with nothing lost (the rows
+    wait in the engine runs), so a sender refused before any row may offer it to another DiT.
+    """
 
     def __init__(
         self,
@@ -78,7 +84,7 @@ class HandoffBody:
         *,
         overlap: bool,
         received_at: float,
-        pixels: Mapping[PixelRole, bytes] = NO_PIXELS,
+        pixels: Mapping[PixelRole, bytes],
     ) -> None:
         self._encoder = encoder
         self._pixels = pixels
@@ -88,12 +94,6 @@ class HandoffBody:
         # Each event with the perf_counter it came out of the engine at.
         self._events: asyncio.Queue[tuple[StreamName, EngineEvent | BaseException, float]] = asyncio.Queue()
         self._pumps: list[asyncio.Task[None]] = []
-        self.finished: dict[StreamName, FinishedEvent] = {}
-        self.stats = HandoffStats()
-        # Set once the body took the engine's first rows: from then on the handoff belongs to the
-        # DiT it is going to (it is never offered to another one). Before that, iterating the body
-        # again starts it over, with nothing lost.
-        self.rows_started = False
 
     async def __aenter__(self) -> HandoffBody:
         self._pumps = [
@@ -108,67 +108,48 @@ class HandoffBody:
             pump.cancel()
         await asyncio.gather(*self._pumps, return_exceptions=True)
 
-    @property
-    def cond(self) -> FinishedEvent:
-        return self.finished["cond"]
-
-    def ar_timings(self) -> ArTimings:
-        return ArTimings.of(self._received_at, self.cond)
-
-    def acknowledged(self) -> None:
-        """The DiT answered: it holds the complete conditioning (or refused it)."""
-        self.stats.acknowledged_at = time.perf_counter()
-
-    async def __aiter__(self) -> AsyncIterator[list[Buffer]]:
+    async def __aiter__(self) -> AsyncIterator[BodyFrame]:
         encoder = self._encoder
-        yield self._counted(encoder.open_frame())
+        yield BodyFrame("open", encoder.open_frame())
         for role, data in self._pixels.items():
-            yield self._counted(encoder.pixels(role, data))
+            yield BodyFrame("pixels", encoder.pixels(role, data))
         held: list[tuple[StreamName, RowsEvent]] = []
+        finished: dict[StreamName, FinishedEvent] = {}
         last_row_at = 0.0
-        while len(self.finished) < len(self._runs):
+        while len(finished) < len(self._runs):
             # Everything the engine handed over while the last frames were being written goes out
             # together: a slow reader gets fewer, larger frames instead of one per decode step.
             arrived = [await self._events.get()]
             while not self._events.empty():
                 arrived.append(self._events.get_nowait())
-            self.rows_started = True
             rows: list[tuple[StreamName, RowsEvent]] = []
             for name, event, arrived_at in arrived:
                 if isinstance(event, BaseException):
                     raise event
                 last_row_at = max(last_row_at, arrived_at)
                 if isinstance(event, FinishedEvent):
-                    self.finished[name] = event
+                    finished[name] = event
                 else:
                     rows.append((name, event))
             if self._overlap:
                 for name, event in coalesced(rows, encoder.max_frame_payload):
                     for frame in encoder.row_frames(name, event.start, event.token_ids, event.rows):
-                        yield self._counted(frame)
+                        yield BodyFrame("rows", frame)
             else:
                 held.extend(rows)
-        # The handoff tail starts when the engine was done with its last rows, whether they already
-        # went out, are still being written (all rows at once: encoder mode), or are held.
-        self.stats.last_row_at = last_row_at
         for name, event in coalesced(held, encoder.max_frame_payload):
             for frame in encoder.row_frames(name, event.start, event.token_ids, event.rows):
-                yield self._counted(frame)
-        finished = self.finished
-        yield self._counted(
-            encoder.close(
-                token_ids={name: f.token_ids for name, f in finished.items()},
-                answer_start_index={name: f.prompt_tokens for name, f in finished.items()},
-                cached_tokens=sum(f.cached_tokens for f in finished.values()),
-                cache_creation_tokens=sum(f.cache_creation_tokens for f in finished.values()),
-                timings=self.ar_timings().as_dict(),
-            )
+                yield BodyFrame("rows", frame)
+        close = encoder.close(
+            token_ids={name: f.token_ids for name, f in finished.items()},
+            answer_start_index={name: f.prompt_tokens for name, f in finished.items()},
+            cached_tokens=sum(f.cached_tokens for f in finished.values()),
+            cache_creation_tokens=sum(f.cache_creation_tokens for f in finished.values()),
+            timings=ArTimings.of(self._received_at, finished["cond"]).as_dict(),
         )
-
-    def _counted(self, frame: list[Buffer]) -> list[Buffer]:
-        self.stats.frames_sent += 1
-        self.stats.bytes_sent += sum(memoryview(b).nbytes for b in frame)
-        return frame
+        # The handoff tail starts when the engine was done with its last rows, whether they already
+        # went out, are still being written (all rows at once: encoder mode), or were held.
+        yield BodyFrame("close", close, EngineReport(finished, last_row_at))
 
     async def _pump(self, name: StreamName, run: AsyncGenerator[EngineEvent, None]) -> None:
         try:

@@ -2,7 +2,8 @@
 
 The request body is a ``HandoffBody`` (open, rows as the engine produces them, close); the row
 bytes go to the socket as the tensor's own memory. The answer is the DiT's result stream
-(partial images, images, ``done``).
+(partial images, images, ``done``). ``exchange`` returns the images together with a
+``HandoffReport`` of what was sent (bytes, frames, the engine runs' finished events, the tail).
 
 Failures are typed by what they mean for the public API (the mapping to statuses lives in
 ``ar_service/api/serving.py``): ``DitUnavailable`` (unreachable, not ready, failed), ``DitBusy``
@@ -12,14 +13,17 @@ Failures are typed by what they mean for the public API (the mapping to statuses
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+import time
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import cast
 
 import httpx
 
-from ar_service.handoff_body import HandoffBody
+from ar_service.engine.hidden_state_engine import FinishedEvent
+from ar_service.handoff_body import EngineReport, HandoffBody
 from shared.frame_types import Buffer
+from shared.frames import StreamName
 from shared.result_frames import (
     HANDOFF_MEDIA_TYPE,
     DoneFrame,
@@ -33,9 +37,11 @@ PartialImageSink = Callable[[PartialImageFrame], Awaitable[None]]
 
 
 class HandoffFailed(Exception):
-    """The handoff did not produce images. ``reason`` labels the failure metric."""
+    """The handoff did not produce images. ``reason`` labels the failure metric; ``rows_sent``
+    says whether a ``rows`` frame had gone out (from then on the handoff belongs to that DiT)."""
 
     reason = "failed"
+    rows_sent = False
 
 
 class DitUnavailable(HandoffFailed):
@@ -80,10 +86,50 @@ class DitRejected(HandoffFailed):
         self.param = param
 
 
-@dataclass
-class RenderResult:
+@dataclass(frozen=True)
+class HandoffReport:
+    bytes_sent: int
+    frames_sent: int
+    finished: Mapping[StreamName, FinishedEvent]  # each engine run's finished event
+    last_row_at: float  # perf_counter when the engine handed over its last rows
+    acknowledged_at: float  # perf_counter when the DiT answered: it holds the complete conditioning
+
+    @property
+    def handoff_latency(self) -> float:
+        """AR's last row → DiT holds the complete conditioning (the tail not hidden by decoding)."""
+        return max(0.0, self.acknowledged_at - self.last_row_at)
+
+
+@dataclass(frozen=True)
+class HandoffResult:
     images: list[ImageFrame]
     done: DoneFrame
+    report: HandoffReport
+
+
+class _Sending:
+    """The body as it goes out: counted, and the engine's report taken from its ``close`` frame."""
+
+    def __init__(self, body: HandoffBody) -> None:
+        self._body = body
+        self.bytes = 0
+        self.frames = 0
+        self.rows_sent = False
+        self.engine: EngineReport | None = None
+
+    async def buffers(self) -> AsyncIterator[Buffer]:
+        async for frame in self._body:
+            self.frames += 1
+            self.bytes += frame.nbytes
+            self.rows_sent = self.rows_sent or frame.kind == "rows"
+            self.engine = frame.engine or self.engine
+            for buffer in frame.buffers:
+                yield buffer
+
+    def report(self, acknowledged_at: float) -> HandoffReport:
+        if self.engine is None:
+            raise DitUnavailable("the DiT answered before the handoff was complete")
+        return HandoffReport(self.bytes, self.frames, self.engine.finished, self.engine.last_row_at, acknowledged_at)
 
 
 class HandoffClient:
@@ -94,28 +140,32 @@ class HandoffClient:
         self._token = token
         self._deadline = deadline_seconds
 
-    async def render(
+    async def exchange(
         self, request_id: str, body: HandoffBody, on_partial_image: PartialImageSink | None = None
-    ) -> RenderResult:
+    ) -> HandoffResult:
         headers = {"content-type": HANDOFF_MEDIA_TYPE, "x-request-id": request_id}
         if self._token:
             headers["authorization"] = f"Bearer {self._token}"
+        sending = _Sending(body)
         try:
             async with asyncio.timeout(self._deadline):
-                return await self._exchange(headers, body, on_partial_image)
+                return await self._exchange(headers, sending, on_partial_image)
         except TimeoutError:
             raise DitUnavailable(f"the DiT did not finish within {self._deadline:g} s") from None
+        except HandoffFailed as failed:
+            failed.rows_sent = sending.rows_sent
+            raise
 
     async def _exchange(
-        self, headers: dict[str, str], body: HandoffBody, on_partial_image: PartialImageSink | None
-    ) -> RenderResult:
+        self, headers: dict[str, str], sending: _Sending, on_partial_image: PartialImageSink | None
+    ) -> HandoffResult:
         images: list[ImageFrame] = []
         done: DoneFrame | None = None
         try:
             # httpx writes any buffer (its types say bytes): the rows go out as the tensor's memory.
-            content = cast("AsyncIterable[bytes]", _bytes(body))
+            content = cast("AsyncIterable[bytes]", sending.buffers())
             async with self._client.stream("POST", "/v1/handoff", content=content, headers=headers) as response:
-                body.acknowledged()
+                acknowledged_at = time.perf_counter()
                 if response.status_code != 200:
                     await response.aread()
                     raise _error_from(response)
@@ -139,13 +189,7 @@ class HandoffClient:
             raise DitUnavailable(f"DiT connection failed or timed out: {type(exc).__name__}") from None
         if done is None:
             raise DitUnavailable("DiT ended the result stream without finishing")
-        return RenderResult(images, done)
-
-
-async def _bytes(body: HandoffBody) -> AsyncIterator[Buffer]:
-    async for frame in body:
-        for buffer in frame:
-            yield buffer
+        return HandoffResult(images, done, sending.report(acknowledged_at))
 
 
 def _error_from(response: httpx.Response) -> HandoffFailed:

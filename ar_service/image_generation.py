@@ -1,8 +1,10 @@
-"""One image request through the AR: prompts → engine runs → handoff body → DiT → images.
+"""One validated request through the AR: engine runs → handoff body → a DiT → images.
 
-``ImageGenerator.generate`` builds the templated prompts (and the CFG negative one), starts their
-engine runs inside a ``HandoffBody``, and hands that body to the ``HandoffClient``, which streams
-it to the DiT and reads the images back. Nothing calls back into this module: data flows one way.
+``ImageGenerator.generate`` takes a ``GenerationRequest`` (made only by ``api/validation.py``, after
+every check: its prompts are already templated and within the limits), starts the engine runs of its
+streams inside a ``HandoffBody``, and hands that body to the DiTs (``DitPool``), which stream it and
+return the images with a report of what was sent. The result comes back as a ``GenerationResult``:
+images, token usage, stage timings. Nothing calls back into this module: data flows one way.
 """
 
 from __future__ import annotations
@@ -10,7 +12,8 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Protocol
 
 from opentelemetry import trace
@@ -18,14 +21,15 @@ from opentelemetry.trace import SpanKind
 
 from ar_service.engine.hidden_state_engine import EngineRequest, HiddenStateEngine
 from ar_service.engine.row_channel import RowQueueOverflow
-from ar_service.handoff_body import NO_PIXELS, HandoffBody
-from ar_service.handoff_client import HandoffFailed, PartialImageSink, RenderResult
+from ar_service.handoff_body import ArTimings, HandoffBody
+from ar_service.handoff_client import HandoffFailed, HandoffResult, PartialImageSink
 from ar_service.input_images import EditPixels
 from ar_service.metrics import ROW_BUFFER_OVERFLOW, ArMetrics
 from ar_service.prompt_builder import BuiltPrompt, PromptBuilder
 from ar_service.settings import ArSettings
 from services.tracing import current_traceparent
-from shared.frames import DiffusionParams, EditSpec, OpenFrame, PixelRole, StreamName, StreamSpec
+from shared.diffusion import DiffusionParams
+from shared.frames import EditSpec, OpenFrame, PixelRole, StreamName, StreamSpec
 from shared.handoff_encoder import HandoffEncoder
 from shared.result_frames import ImageFrame
 from shared.tensor_codec import wire_dtype
@@ -33,21 +37,18 @@ from shared.tensor_codec import wire_dtype
 log = logging.getLogger("ardit.ar.generation")
 tracer = trace.get_tracer("ardit.ar")
 
-# The public parameter each stream's text comes from.
-_PUBLIC_PARAM: dict[StreamName, str] = {"cond": "prompt", "uncond": "negative_prompt"}
 
-
-class DitRenderer(Protocol):
+class DitExchange(Protocol):
     """Where a handoff body goes: one DiT (``HandoffClient``) or a pool of them (``DitPool``)."""
 
-    async def render(
+    async def exchange(
         self, request_id: str, body: HandoffBody, on_partial_image: PartialImageSink | None = None
-    ) -> RenderResult: ...
+    ) -> HandoffResult: ...
 
 
 @dataclass(frozen=True)
-class EditInput:
-    """An edit: what the open frame announces, and the pixels that follow it."""
+class EditHandoff:
+    """An edit as it travels: what the open frame announces, and the pixels frames that follow it."""
 
     spec: EditSpec
     pixels: EditPixels
@@ -62,16 +63,16 @@ class EditInput:
 
 @dataclass(frozen=True)
 class GenerationRequest:
+    """A request as the AR runs it. Only validation makes one, after every check that needs no model."""
+
     request_id: str
-    prompt: str
+    # The templated prompt of each stream: ``cond``, and ``uncond`` (the negative prompt) with CFG.
+    prompts: Mapping[StreamName, BuiltPrompt]
     diffusion: DiffusionParams
-    # The DiT's announced limit on rows after the template prefix (checked before engine work).
-    max_conditioning_rows: int
-    negative_prompt: str | None = None  # set → CFG with an unconditional stream
-    max_new_tokens: int = 1
-    cache_salt: str | None = None
-    received_at: float = field(default_factory=time.perf_counter)
-    edit: EditInput | None = None
+    max_new_tokens: int
+    cache_salt: str | None
+    received_at: float  # perf_counter when the HTTP request arrived
+    edit: EditHandoff | None = None
 
 
 @dataclass(frozen=True)
@@ -90,31 +91,24 @@ class GenerationResult:
     timings: dict[str, float]  # seconds, by stage
 
 
-class PromptTooLong(ValueError):
-    def __init__(self, message: str, param: str) -> None:
-        super().__init__(message)
-        self.param = param
-
-
 class ImageGenerator:
     def __init__(
         self,
         settings: ArSettings,
         engine: HiddenStateEngine,
         prompts: PromptBuilder,
-        dit: DitRenderer,
+        dits: DitExchange,
         metrics: ArMetrics,
     ) -> None:
         self._settings = settings
         self._engine = engine
         self._prompts = prompts
-        self.dit = dit  # public: tests point a running service at another DiT
+        self._dits = dits
         self._metrics = metrics
 
     async def generate(
         self, request: GenerationRequest, on_partial_image: PartialImageSink | None = None
     ) -> GenerationResult:
-        prompts = self._prompts_of(request)
         engine_requests = {
             name: EngineRequest(
                 engine_request_id=f"{request.request_id}:{name}:{uuid.uuid4().hex[:8]}",
@@ -122,25 +116,23 @@ class ImageGenerator:
                 max_new_tokens=request.max_new_tokens if name == "cond" else 1,  # the negative side only encodes
                 cache_salt=request.cache_salt,
             )
-            for name, prompt in prompts.items()
+            for name, prompt in request.prompts.items()
         }
         # The engine runs and the DiT's spans (through the open frame's traceparent) are its children.
         with tracer.start_as_current_span(
             "ardit.ar.handoff", kind=SpanKind.CLIENT, attributes={"ardit.request_id": request.request_id}
         ) as span:
-            encoder = HandoffEncoder(self._open_frame(request, prompts, engine_requests))
-            runs = {name: self._engine.run(r) for name, r in engine_requests.items()}
             body = HandoffBody(
-                encoder,
-                runs,
+                HandoffEncoder(self._open_frame(request, engine_requests)),
+                {name: self._engine.run(r) for name, r in engine_requests.items()},
                 overlap=self._settings.overlap_handoff,
                 received_at=request.received_at,
-                pixels=request.edit.frames if request.edit is not None else NO_PIXELS,
+                pixels=request.edit.frames if request.edit is not None else {},
             )
             self._metrics.handoffs_in_flight.inc()
             try:
                 async with body:
-                    result = await self.dit.render(request.request_id, body, on_partial_image)
+                    result = await self._dits.exchange(request.request_id, body, on_partial_image)
             except (HandoffFailed, RowQueueOverflow) as exc:
                 reason = exc.reason if isinstance(exc, HandoffFailed) else ROW_BUFFER_OVERFLOW
                 log.warning("handoff failed (%s): %s", reason, exc)
@@ -149,43 +141,13 @@ class ImageGenerator:
                 raise
             finally:
                 self._metrics.handoffs_in_flight.dec()
+            report = result.report
             span.set_attributes(
-                {"ardit.handoff.sent_bytes": body.stats.bytes_sent, "ardit.handoff.sent_frames": body.stats.frames_sent}
+                {"ardit.handoff.sent_bytes": report.bytes_sent, "ardit.handoff.sent_frames": report.frames_sent}
             )
-        return self._result(request, body, result)
+        return self._result(request, result)
 
-    def prompt_token_ids(self, prompt: str) -> list[int]:
-        """The ids the engine gets for ``prompt`` (in the template): what its prefix cache holds."""
-        return self._prompts.build(prompt).token_ids
-
-    def _prompts_of(self, request: GenerationRequest) -> dict[StreamName, BuiltPrompt]:
-        texts: dict[StreamName, str] = {"cond": request.prompt}
-        if request.negative_prompt is not None:
-            texts["uncond"] = request.negative_prompt
-        built: dict[StreamName, BuiltPrompt] = {}
-        for name, text in texts.items():
-            prompt = self._prompts.build(text)
-            param = _PUBLIC_PARAM[name]
-            if len(prompt.token_ids) > self._settings.max_prompt_tokens:
-                raise PromptTooLong(
-                    f"{param} is {len(prompt.token_ids)} tokens with the template; "
-                    f"the limit is {self._settings.max_prompt_tokens}",
-                    param,
-                )
-            rows = len(prompt.token_ids) - prompt.prefix_tokens
-            if rows > request.max_conditioning_rows:
-                raise PromptTooLong(
-                    f"{param} is {rows} tokens; the image model takes at most {request.max_conditioning_rows}", param
-                )
-            built[name] = prompt
-        return built
-
-    def _open_frame(
-        self,
-        request: GenerationRequest,
-        prompts: dict[StreamName, BuiltPrompt],
-        engine_requests: dict[StreamName, EngineRequest],
-    ) -> OpenFrame:
+    def _open_frame(self, request: GenerationRequest, engine_requests: Mapping[StreamName, EngineRequest]) -> OpenFrame:
         return OpenFrame(
             request_id=request.request_id,
             model=self._settings.model_dir.name,
@@ -200,27 +162,27 @@ class ImageGenerator:
                     max_rows=len(prompt.token_ids) + engine_requests[name].max_new_tokens - 1,
                     prefix_tokens=prompt.prefix_tokens,
                 )
-                for name, prompt in prompts.items()
+                for name, prompt in request.prompts.items()
             },
             diffusion=request.diffusion,
             traceparent=current_traceparent(),
             edit=request.edit.spec if request.edit is not None else None,
         )
 
-    def _result(self, request: GenerationRequest, body: HandoffBody, result: RenderResult) -> GenerationResult:
-        stats, finished, cond = body.stats, body.finished.values(), body.cond
+    def _result(self, request: GenerationRequest, result: HandoffResult) -> GenerationResult:
+        report = result.report
+        finished, cond = report.finished.values(), report.finished["cond"]
         usage = TokenUsage(
             prompt_tokens=sum(f.prompt_tokens for f in finished),
             generated_tokens=len(cond.generated_token_ids),
             cached_tokens=sum(f.cached_tokens for f in finished),
             cache_creation_tokens=sum(f.cache_creation_tokens for f in finished),
         )
-        ar = body.ar_timings()
+        ar = ArTimings.of(request.received_at, cond)
         m = self._metrics
-        m.handoff_sent_bytes.inc(stats.bytes_sent)
-        m.handoff_sent_frames.inc(stats.frames_sent)
-        if stats.handoff_latency is not None:
-            m.handoff_latency_seconds.observe(stats.handoff_latency)
+        m.handoff_sent_bytes.inc(report.bytes_sent)
+        m.handoff_sent_frames.inc(report.frames_sent)
+        m.handoff_latency_seconds.observe(report.handoff_latency)
         m.prompt_tokens.inc(usage.prompt_tokens)
         m.generated_tokens.inc(usage.generated_tokens)
         m.cached_tokens.inc(usage.cached_tokens)
@@ -231,7 +193,7 @@ class ImageGenerator:
         m.ar_seconds.observe(max(0.0, cond.finished_at - cond.submitted_at))
         timings = {
             **ar.as_dict(),
-            "handoff_tail": stats.handoff_latency or 0.0,
+            "handoff_tail": report.handoff_latency,
             **{f"dit_{name}": seconds for name, seconds in result.done.timings.items()},
             "total": time.perf_counter() - request.received_at,
         }

@@ -13,11 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import torch
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from ar_service import __version__
 from ar_service.handoff_client import HandoffFailed
+from ar_service.settings import ArSettings
 from services.app_metrics import AppMetrics
 from services.metrics import HANDOFF_BUCKETS, LATENCY_BUCKETS, TOKEN_BUCKETS
 
@@ -133,3 +136,19 @@ class ArMetrics:
         )
         self.vllm = VllmFamilies()
         registry.register(self.vllm)
+
+    @classmethod
+    def of_service(cls, registry: CollectorRegistry, settings: ArSettings) -> ArMetrics:
+        """The families of an AR running with ``settings``, its build described."""
+        metrics = cls(registry)
+        metrics.build_info.info(
+            {
+                "version": __version__,
+                "model": settings.model_dir.name,
+                "dtype": settings.dtype,
+                "device": "cuda" if torch.cuda.is_available() else "cpu",
+                "conditioning": settings.conditioning,
+                "prefix_caching": str(settings.enable_prefix_caching).lower(),
+            }
+        )
+        return metrics

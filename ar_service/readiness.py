@@ -32,6 +32,10 @@ class ArReadiness:
         state = await self.dits.state()
         return Readiness(state.ready, state.reason)
 
+    async def capabilities(self) -> DitCapabilities | None:
+        """What the ready DiTs announced together (None: none is ready)."""
+        return (await self.dits.state()).capabilities
+
     async def require(self) -> tuple[DitCapabilities, int]:
         """What the ready DiTs can do and how many handoffs they hold; a 503 ``not_ready`` otherwise."""
         readiness = await self.probe()

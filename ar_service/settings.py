@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from services.checkpoints import default_model_dir
+from services.checkpoints import AR_MODEL, default_model_dir
 
 # Qwen-Image's own prompt template: the DiT was trained on the rows after its system prefix.
 QWEN_IMAGE_TEMPLATE = (
@@ -19,7 +19,6 @@ QWEN_IMAGE_TEMPLATE = (
     "spatial relationships of the objects and background:<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n"
     "<|im_start|>assistant\n"
 )
-DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
 class ArSettings(BaseSettings):
@@ -27,7 +26,7 @@ class ArSettings(BaseSettings):
 
     # --- model and engine ------------------------------------------------------------------------
     model_dir: Path = Field(
-        default_factory=lambda: default_model_dir(DEFAULT_MODEL), description="HF checkpoint directory vLLM serves."
+        default_factory=lambda: default_model_dir(AR_MODEL), description="HF checkpoint directory vLLM serves."
     )
     served_model_name: str = Field("ardit", description="The model id of the public API (/v1/models).")
     dtype: Literal["float32", "bfloat16", "float16"] = Field(

@@ -11,8 +11,7 @@ from typing import Any
 import psutil
 import torch
 
-from ar_service.engine.hidden_state_engine import HiddenStateEngine
-from ar_service.settings import ArSettings
+from ar_service import ArSettings, HiddenStateEngine
 
 # Room for a 5.6k-token prompt and its cached blocks; prefix caching on, as the service runs it.
 COMMON_SETTINGS: dict[str, Any] = {

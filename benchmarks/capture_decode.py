@@ -41,12 +41,12 @@ paired.use_this_checkout()
 import bench_engines  # noqa: E402
 from worker_profile import WorkerProfile  # noqa: E402
 
-from ar_service.engine.hidden_state_engine import (  # noqa: E402
+from ar_service import (  # noqa: E402
+    ArSettings,
     EngineRequest,
     FinishedEvent,
     HiddenStateEngine,
 )
-from ar_service.settings import ArSettings  # noqa: E402
 
 ENGINES: dict[str, dict[str, Any]] = {
     "with_draft": {"capture_hidden_states": True, "capture_without_draft": False},

@@ -40,9 +40,10 @@ import msgpack
 import torch
 
 from shared.checksum import PayloadHasher, payload_checksum
+from shared.diffusion import DiffusionParams
 from shared.frame_codec import LANDING_SLICE
 from shared.frame_types import Buffer
-from shared.frames import DiffusionParams, OpenFrame, StreamSpec
+from shared.frames import OpenFrame, StreamSpec
 from shared.handoff_assembler import HandoffAssembler, HandoffReceiver
 from shared.handoff_encoder import DEFAULT_MAX_FRAME_PAYLOAD, HandoffEncoder
 from shared.row_buffer_pool import RowBufferPool

@@ -48,10 +48,9 @@ from fastapi.responses import StreamingResponse
 
 paired.use_this_checkout()
 
-from ar_service.engine.hidden_state_engine import EngineEvent, FinishedEvent, RowsEvent  # noqa: E402
-from ar_service.handoff_body import HandoffBody  # noqa: E402
-from ar_service.handoff_client import HandoffClient  # noqa: E402
-from shared.frames import DiffusionParams, OpenFrame, StreamSpec  # noqa: E402
+from ar_service import EngineEvent, FinishedEvent, HandoffBody, HandoffClient, RowsEvent  # noqa: E402
+from shared.diffusion import DiffusionParams  # noqa: E402
+from shared.frames import OpenFrame, StreamSpec  # noqa: E402
 from shared.handoff_encoder import HandoffEncoder  # noqa: E402
 from shared.tensor_codec import byte_view, tensor_bytes  # noqa: E402
 
@@ -173,18 +172,18 @@ async def http_handoff(client: HandoffClient, rows: torch.Tensor, token_ids: lis
     run = StandInRun(rows, token_ids, pieces)
     n = rows.shape[0]
     encoder = HandoffEncoder(open_frame(n))
-    body = HandoffBody(encoder, {"cond": run.events()}, overlap=True, received_at=time.perf_counter())
+    body = HandoffBody(encoder, {"cond": run.events()}, overlap=True, received_at=time.perf_counter(), pixels={})
     async with body:
-        result = await client.render(encoder.open.request_id, body)
-    acknowledged = body.stats.acknowledged_at
-    assert acknowledged is not None and run.first_ready is not None and run.last_ready is not None
+        result = await client.exchange(encoder.open.request_id, body)
+    report = result.report
+    assert run.first_ready is not None and run.last_ready is not None
     assert result.done.request_id == encoder.open.request_id
     return {
-        "seconds": acknowledged - run.first_ready,
-        "tail_from_last_row_ready": acknowledged - run.last_ready,
-        "tail_reported": body.stats.handoff_latency,
+        "seconds": report.acknowledged_at - run.first_ready,
+        "tail_from_last_row_ready": report.acknowledged_at - run.last_ready,
+        "tail_reported": report.handoff_latency,
         "receiver_seconds": result.done.timings["receive"],
-        "wire_bytes": body.stats.bytes_sent,
+        "wire_bytes": report.bytes_sent,
     }
 
 

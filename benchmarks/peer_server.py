@@ -7,8 +7,8 @@ is the SmolLM2 ardit serves, run by transformers for every request (no prefix ca
 last hidden states after the final norm, for ardit's templated prompt, the rows after the template
 prefix (what ardit's ``qwen_image`` adapter selects). The image side is the same code ardit's DiT
 runs: ``DitModel`` (shared weights, a pipeline per request), the same conditioning adapter and
-``PipelineRunner`` (denoise, VAE decode, PNG encode). So the two servers compute the same rows and
-render the same images; they differ in how the work is served.
+``Renderer`` (denoise, VAE decode, PNG encode), from ``dit_service``'s in-process API. So the two
+servers compute the same rows and render the same images; they differ in how the work is served.
 
 API subset (what ``benchmarks/peer_compare.py`` sends): ``POST /v1/images/generations`` with
 ``prompt``, ``size``, ``seed``, ``num_inference_steps`` (``response_format`` b64_json) answering
@@ -37,16 +37,20 @@ from prometheus_client import CollectorRegistry  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
-from ar_service.prompt_builder import PromptBuilder  # noqa: E402
-from ar_service.settings import ArSettings  # noqa: E402
-from dit_service.conditioning import ConditioningAdapters, ConditioningOptions  # noqa: E402
-from dit_service.image_encoder import ImageEncoder  # noqa: E402
-from dit_service.latent_decoder import LatentDecoder  # noqa: E402
-from dit_service.metrics import DitMetrics  # noqa: E402
-from dit_service.model import DitModel  # noqa: E402
-from dit_service.pipeline_runner import PipelineRunner, RenderJob  # noqa: E402
-from dit_service.settings import DitSettings  # noqa: E402
-from shared.frames import DiffusionParams  # noqa: E402
+from ar_service import ArSettings, PromptBuilder  # noqa: E402
+from dit_service import (  # noqa: E402
+    ConditioningAdapters,
+    ConditioningOptions,
+    DitMetrics,
+    DitModel,
+    DitSettings,
+    ImageEncoder,
+    Renderer,
+    RenderItem,
+    RenderJob,
+    VaeCodec,
+)
+from shared.diffusion import DiffusionParams, parse_size  # noqa: E402
 from shared.handoff_assembler import AssembledStream  # noqa: E402
 from shared.result_frames import ImageFrame  # noqa: E402
 
@@ -74,7 +78,7 @@ class SharedModels:
             dtype=self.dit.facts.dtype,
         )
         self.adapter = ConditioningAdapters(options).get("qwen_image")
-        self.runner = PipelineRunner(self.dit, LatentDecoder(self.dit), ImageEncoder(), DitMetrics(CollectorRegistry()))
+        self.renderer = Renderer(self.dit, VaeCodec(self.dit), ImageEncoder(), DitMetrics(CollectorRegistry()))
 
     @torch.inference_mode()
     def generate(self, request: TextToImageInput) -> bytes:
@@ -89,10 +93,10 @@ class SharedModels:
             prefix_tokens=built.prefix_tokens,
         )
         conditioning = self.adapter.select(SimpleNamespace(streams={"cond": stream}))  # type: ignore[arg-type]
-        width, _, height = request.size.partition("x")
+        width, height = parse_size(request.size)
         params = DiffusionParams(
-            width=int(width),
-            height=int(height),
+            width=width,
+            height=height,
             num_inference_steps=request.num_inference_steps,
             guidance_scale=1.0,
             seed=request.seed,
@@ -103,7 +107,7 @@ class SharedModels:
             if isinstance(frame, ImageFrame):
                 images.append(frame.data)
 
-        self.runner.render(RenderJob("peer", conditioning, params), emit, threading.Event())
+        self.renderer.render([RenderItem(RenderJob("peer", conditioning, params), emit, threading.Event())])
         return images[0]
 
 

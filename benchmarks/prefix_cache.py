@@ -34,8 +34,7 @@ from pathlib import Path
 import psutil
 import torch
 
-from ar_service.engine.hidden_state_engine import EngineRequest, FinishedEvent, HiddenStateEngine
-from ar_service.settings import ArSettings
+from ar_service import ArSettings, EngineRequest, FinishedEvent, HiddenStateEngine
 
 RESULTS = Path(__file__).parent / "results"
 

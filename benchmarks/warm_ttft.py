@@ -44,15 +44,16 @@ paired.use_this_checkout()
 import bench_engines  # noqa: E402
 from worker_profile import BETWEEN_STEPS, WorkerProfile  # noqa: E402
 
-from ar_service.engine.final_norm import FinalNorm  # noqa: E402
-from ar_service.engine.hidden_state_engine import (  # noqa: E402
+from ar_service import (  # noqa: E402
+    ArSettings,
     EngineRequest,
+    FinalNorm,
     FinishedEvent,
     HiddenStateEngine,
+    RowChannel,
+    RowSender,
     RowsEvent,
 )
-from ar_service.engine.row_channel import RowChannel, RowSender  # noqa: E402
-from ar_service.settings import ArSettings  # noqa: E402
 
 ENGINES: dict[str, dict[str, Any]] = {
     "capture_on": {"capture_hidden_states": True},

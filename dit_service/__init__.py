@@ -1,3 +1,37 @@
-"""The DiT service: receives streamed AR hidden states, renders images with diffusers."""
+"""The DiT service: receives streamed AR hidden states, renders images with diffusers.
+
+Read it in the order a handoff travels (docs/reading-order.md): ``handoff_endpoint.py`` →
+``handoff_intake.py`` (``shared/handoff_assembler.py``) → ``conditioning.py`` →
+``result_stream.py`` → ``render_scheduler.py`` → ``renderer.py`` → ``vae_codec.py`` →
+``image_encoder.py``. ``app.py`` composes them.
+
+The names below are the in-process API: what code running beside the service in one process
+(benchmarks, tools) may use. Everything else in this package is internal.
+"""
 
 __version__ = "0.1.0"
+
+from dit_service.app import create_dit_app
+from dit_service.conditioning import Conditioning, ConditioningAdapters, ConditioningOptions
+from dit_service.image_encoder import ImageEncoder
+from dit_service.metrics import DitMetrics
+from dit_service.model import DitModel
+from dit_service.render_job import RenderItem, RenderJob
+from dit_service.renderer import Renderer
+from dit_service.settings import DitSettings
+from dit_service.vae_codec import VaeCodec
+
+__all__ = [
+    "Conditioning",
+    "ConditioningAdapters",
+    "ConditioningOptions",
+    "DitMetrics",
+    "DitModel",
+    "DitSettings",
+    "ImageEncoder",
+    "RenderItem",
+    "RenderJob",
+    "Renderer",
+    "VaeCodec",
+    "create_dit_app",
+]

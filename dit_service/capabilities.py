@@ -12,6 +12,7 @@ from dit_service.image_encoder import ImageEncoder
 from dit_service.model import DitModel
 from dit_service.settings import DitSettings
 from shared.capabilities import DiffusionDefaults, DiffusionLimits, DitCapabilities, DitCapacity
+from shared.diffusion import parse_size
 
 FALLBACK_SIZE = "256x256"
 FALLBACK_STEPS = 8
@@ -21,8 +22,7 @@ FALLBACK_GUIDANCE_SCALE = 1.0
 def dit_capabilities(settings: DitSettings, model: DitModel) -> DitCapabilities:
     """Raises ``ValueError`` if the configured defaults are outside the limits (a load failure)."""
     facts, card = model.facts, model.card
-    size = settings.default_size or card.default_size or FALLBACK_SIZE
-    width, _, height = size.partition("x")
+    width, height = parse_size(settings.default_size or card.default_size or FALLBACK_SIZE)
     capabilities = DitCapabilities(
         model=settings.model_dir.name,
         description=card.description or f"a diffusers QwenImagePipeline loaded from {settings.model_dir.name}",
@@ -36,11 +36,11 @@ def dit_capabilities(settings: DitSettings, model: DitModel) -> DitCapabilities:
             max_guidance_scale=settings.max_guidance_scale,
             max_images=settings.max_images_per_handoff,
             max_conditioning_rows=settings.max_sequence_length,
-            output_formats=[f for f in ("png", "jpeg", "webp") if ImageEncoder.supports(f)],
+            output_formats=ImageEncoder.supported(),
         ),
         defaults=DiffusionDefaults(
-            width=int(width),
-            height=int(height),
+            width=width,
+            height=height,
             num_inference_steps=settings.default_num_inference_steps
             or card.default_num_inference_steps
             or FALLBACK_STEPS,

@@ -16,11 +16,8 @@ from typing import ClassVar
 import torch
 
 from dit_service.errors import ConditioningMismatch, EmptyConditioning, PromptTooLong
+from shared.frames import PUBLIC_PARAM, StreamName
 from shared.handoff_assembler import AssembledHandoff, AssembledStream
-
-# The public API field each stream's rows come from, named in rejections (the DiT speaks the
-# public API's parameter names, so the AR passes its errors through unchanged).
-PUBLIC_PARAM = {"cond": "prompt", "uncond": "negative_prompt"}
 
 
 @dataclass(frozen=True)
@@ -68,7 +65,7 @@ class ConditioningAdapter(ABC):
         end = min(stream.answer_start_index, stream.rows.shape[0])
         return range(min(stream.prefix_tokens, end), end)
 
-    def _embeds(self, name: str, stream: AssembledStream) -> tuple[torch.Tensor, torch.Tensor]:
+    def _embeds(self, name: StreamName, stream: AssembledStream) -> tuple[torch.Tensor, torch.Tensor]:
         indices = self.row_indices(stream)
         count, limit = len(indices), self.options.max_sequence_length
         if count == 0:

@@ -11,42 +11,30 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
-from fastapi import Request, Response
+from fastapi import FastAPI, Request, Response
 from starlette.requests import ClientDisconnect
+from starlette.responses import StreamingResponse
 
 from dit_service.admission import AdmissionControl
-from dit_service.conditioning import Conditioning, ConditioningAdapters
-from dit_service.edit_input import EditInput
+from dit_service.conditioning import Conditioning
 from dit_service.handoff_intake import HandoffIntake
+from dit_service.handoff_services import HandoffServices
 from dit_service.handoff_trace import HandoffTrace
 from dit_service.metrics import DitMetrics
-from dit_service.open_frame_policy import OpenFramePolicy
-from dit_service.pipeline_runner import RenderJob
-from dit_service.result_stream import ResultStream
+from dit_service.render_job import EditInput, RenderJob
 from services.auth import BearerAuth
-from services.errors import ApiError
-from shared.capabilities import DitCapabilities
+from services.errors import ApiError, error_responses
 from shared.errors import HandoffError
 from shared.frames import OpenFrame
-from shared.result_frames import HANDOFF_MEDIA_TYPE
+from shared.result_frames import HANDOFF_MEDIA_TYPE, RESULT_MEDIA_TYPE
 
 HANDOFF_PATH = "/v1/handoff"
-
-
-@dataclass(frozen=True)
-class HandoffServices:
-    """What serving a handoff needs once the model is loaded."""
-
-    capabilities: DitCapabilities
-    policy: OpenFramePolicy
-    adapters: ConditioningAdapters
-    results: ResultStream
+_BINARY = {"schema": {"type": "string", "format": "binary"}}
 
 
 def api_error_for(exc: HandoffError) -> ApiError:
-    return ApiError(exc.status, exc.message, code=exc.code, type="handoff_error", param=getattr(exc, "param", None))
+    return ApiError(exc.status, exc.message, code=exc.code, type="handoff_error", param=exc.param)
 
 
 class HandoffEndpoint:
@@ -63,6 +51,24 @@ class HandoffEndpoint:
         self._intake = intake
         self._services = services
         self._metrics = metrics
+
+    def mount(self, app: FastAPI) -> None:
+        """Serve this endpoint at ``HANDOFF_PATH`` (documented in the DiT's OpenAPI)."""
+        app.add_api_route(
+            HANDOFF_PATH,
+            self,
+            methods=["POST"],
+            response_class=StreamingResponse,
+            summary="Receive one request's hidden rows; answer with its images (shared/HANDOFF_SPEC.md)",
+            openapi_extra={"requestBody": {"required": True, "content": {HANDOFF_MEDIA_TYPE: _BINARY}}},
+            responses={
+                200: {
+                    "description": "Result frames (msgpack): progress, partial images, images, done or error.",
+                    "content": {RESULT_MEDIA_TYPE: _BINARY},
+                },
+                **error_responses(400, 401, 408, 409, 413, 415, 422, 429, 503),
+            },
+        )
 
     async def __call__(self, request: Request) -> Response:
         started = time.monotonic()

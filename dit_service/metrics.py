@@ -16,10 +16,12 @@ import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 import dit_service.errors  # noqa: F401  (defines the DiT's own HandoffError kinds, whose codes are reasons)
+from dit_service import __version__
+from dit_service.settings import DitSettings
 from services.app_metrics import AppMetrics
 from services.metrics import LATENCY_BUCKETS, PIXEL_BUCKETS
+from shared.diffusion import OutputFormat
 from shared.errors import HandoffError
-from shared.frames import OutputFormat
 
 # A sender that goes away mid-handoff is a failure of its own kind (no HandoffError says so).
 CLIENT_DISCONNECTED = "client_disconnected"
@@ -27,7 +29,7 @@ PIPELINE_FAILURE_REASONS = ("error", CLIENT_DISCONNECTED)
 
 
 def handoff_failure_reasons() -> list[str]:
-    """Every HandoffError's code (DitRejection's included) and a sender that went away."""
+    """Every HandoffError's code (the DiT's own included) and a sender that went away."""
     kinds: list[type[HandoffError]] = [HandoffError]
     for kind in kinds:
         kinds.extend(kind.__subclasses__())
@@ -146,3 +148,18 @@ class DitMetrics:
             registry.register(self.gpu_memory_allocated_bytes)
             registry.register(self.gpu_memory_reserved_bytes)
         self.build_info = Info("ardit_dit_build", "Version, model tag, dtype and device.", registry=registry)
+
+    @classmethod
+    def of_service(cls, registry: CollectorRegistry, settings: DitSettings) -> DitMetrics:
+        """The families of a DiT running with ``settings``: its build and its queue's capacity set."""
+        metrics = cls(registry, cuda_device=torch.device(settings.device))
+        metrics.pipeline_queue_capacity.set(settings.pipeline_queue_size)
+        metrics.build_info.info(
+            {
+                "version": __version__,
+                "model": settings.expected_model or settings.model_dir.name,
+                "dtype": settings.torch_dtype_name,
+                "device": settings.device,
+            }
+        )
+        return metrics

@@ -14,7 +14,7 @@ import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import torch
 from diffusers import (
@@ -23,8 +23,9 @@ from diffusers import (
     QwenImageInpaintPipeline,
     QwenImagePipeline,
 )
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
+from shared.diffusion import SIZE_PATTERN
 from shared.tensor_codec import ALLOWED_DTYPES
 
 log = logging.getLogger("ardit.dit.model")
@@ -43,7 +44,7 @@ class ModelCard(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
 
     description: str | None = None
-    default_size: str | None = None  # "WIDTHxHEIGHT"
+    default_size: Annotated[str, Field(pattern=SIZE_PATTERN)] | None = None
     default_num_inference_steps: int | None = None
     default_guidance_scale: float | None = None
 

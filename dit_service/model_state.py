@@ -18,11 +18,12 @@ import torch
 
 from dit_service.conditioning import Conditioning
 from dit_service.model import DitModel
-from dit_service.pipeline_runner import PipelineRunner, RenderJob
+from dit_service.render_job import RenderItem, RenderJob
+from dit_service.renderer import Renderer
 from services.app import Readiness
 from services.errors import ApiError
 from services.fatal import Fatal
-from shared.frames import DiffusionParams
+from shared.diffusion import DiffusionParams
 
 log = logging.getLogger("ardit.dit.model_state")
 
@@ -55,15 +56,16 @@ class ModelState(Generic[Loaded]):
     async def load(
         self,
         load_model: Callable[[], DitModel],
-        serve: Callable[[DitModel], tuple[Loaded, PipelineRunner]],
+        serve: Callable[[DitModel], tuple[Loaded, Renderer]],
     ) -> None:
-        """``serve`` returns what requests use plus a runner (with throwaway metrics) for the warm-up."""
+        """``serve`` returns what requests use plus a renderer (with throwaway metrics) for the warm-up."""
         try:
             self._readiness = Readiness(False, "loading model")
             model = await asyncio.to_thread(load_model)
-            loaded, warmup_runner = serve(model)
+            loaded, warmup = serve(model)
             self._readiness = Readiness(False, "warming up")
-            await asyncio.to_thread(warmup_runner.render, warmup_job(model), lambda frame: None, threading.Event())
+            item = RenderItem(warmup_job(model), lambda frame: None, threading.Event())
+            await asyncio.to_thread(warmup.render, [item])
         except Exception as exc:
             log.exception("model load failed")
             self._readiness = Readiness(False, f"model load failed ({type(exc).__name__})")

@@ -1,21 +1,20 @@
 """What an ``open`` frame must ask for before this DiT accepts the rest of the handoff.
 
 Checked as soon as ``open`` arrives, so a handoff this model cannot serve ends before its rows
-are sent. The limits are the ones this DiT announces (``DitCapabilities``): the AR checks public
-requests against the announcement, and this check is what makes the DiT safe whoever sends.
-Sizes are checked because diffusers would silently round them down, and the conditioning width
-because a mismatch would only surface as a matmul error mid-run. Rejections name the public API's
+are sent. The diffusion parameters are checked against the limits this DiT announces, by the same
+``DiffusionLimits.check`` the AR runs on public requests: the announcement lets the AR refuse
+early, this check makes the DiT safe whoever sends. The conditioning width is checked because a
+mismatch would only surface as a matmul error mid-run. Rejections name the public API's
 parameters (``size``, ``n``, ...), so the AR can pass them through unchanged.
 """
 
 from __future__ import annotations
 
-import math
-
-from dit_service.conditioning import PUBLIC_PARAM, ConditioningAdapter, ConditioningAdapters
-from dit_service.errors import ConditioningMismatch, InvalidDiffusionParams
+from dit_service.conditioning import ConditioningAdapter, ConditioningAdapters
+from dit_service.errors import ConditioningMismatch
 from shared.capabilities import DitCapabilities
-from shared.frames import MAX_SEED, DiffusionParams, OpenFrame
+from shared.errors import InvalidDiffusionParams
+from shared.frames import PUBLIC_PARAM, OpenFrame
 
 
 class OpenFramePolicy:
@@ -57,40 +56,12 @@ class OpenFramePolicy:
                     "prompt template",
                     param=PUBLIC_PARAM[name],
                 )
-        self._check_diffusion(frame.diffusion, has_uncond="uncond" in frame.streams)
-        return adapter
-
-    def _check_diffusion(self, params: DiffusionParams, has_uncond: bool) -> None:
-        limits = self._capabilities.limits
-        multiple = limits.size_multiple
-        size = f"{params.width}x{params.height}"
-        if params.width % multiple or params.height % multiple:
-            raise InvalidDiffusionParams(f"size {size}: width and height must be multiples of {multiple}", param="size")
-        if params.width * params.height > limits.max_pixels:
-            raise InvalidDiffusionParams(f"size {size} is over {limits.max_pixels} pixels", param="size")
-        steps, fewest = params.num_inference_steps, limits.min_inference_steps
-        if not fewest <= steps <= limits.max_inference_steps:
-            raise InvalidDiffusionParams(
-                f"num_inference_steps {steps} is not within [{fewest}, {limits.max_inference_steps}]",
-                param="num_inference_steps",
-            )
-        if params.num_images > limits.max_images:
-            raise InvalidDiffusionParams(f"n {params.num_images} is over {limits.max_images}", param="n")
-        if params.seed + params.num_images - 1 > MAX_SEED:
-            # Image i uses seed + i; a torch generator takes at most a uint64.
-            raise InvalidDiffusionParams(f"seed {params.seed} + n - 1 is over {MAX_SEED}", param="seed")
-        guidance = params.guidance_scale
-        if not math.isfinite(guidance) or guidance > limits.max_guidance_scale:
-            raise InvalidDiffusionParams(
-                f"guidance_scale {guidance} is not within [0, {limits.max_guidance_scale}]", param="guidance_scale"
-            )
-        if guidance > 1.0 and not has_uncond:
+        params = frame.diffusion
+        self._capabilities.limits.check(params)
+        if params.guidance_scale > 1.0 and "uncond" not in frame.streams:
             # diffusers would quietly render without guidance; CFG needs the AR's negative stream.
             raise InvalidDiffusionParams(
-                f"guidance_scale {guidance} > 1 needs the 'uncond' stream (negative prompt rows)",
+                f"guidance_scale {params.guidance_scale} > 1 needs the 'uncond' stream (negative prompt rows)",
                 param="guidance_scale",
             )
-        if params.output_format not in limits.output_formats:
-            raise InvalidDiffusionParams(
-                f"output_format {params.output_format!r} is not supported here", param="output_format"
-            )
+        return adapter

@@ -1,5 +1,5 @@
 """When render jobs run: under the run slots, in arrival order, and — with batching on — several
-compatible jobs waiting together as one run (``batch_runner``).
+compatible jobs waiting together as one run of the ``Renderer``.
 
 Without batching (``max_batch_size`` 1, the default) each job takes a run slot and renders alone.
 With batching, the job at the head of the queue waits ``window`` seconds once it has a slot, then
@@ -15,16 +15,16 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from dit_service.batch_runner import BatchItem, BatchRunner, batch_key
 from dit_service.metrics import DitMetrics, waiting_for
-from dit_service.pipeline_runner import EmitResult, PipelineRunner, RenderCancelled, RenderJob, RenderTimings
+from dit_service.render_job import EmitResult, RenderCancelled, RenderItem, RenderJob, RenderOutcome, RenderTimings
+from dit_service.renderer import Renderer
 
 RunOutcome = tuple[RenderTimings, float]  # the job's timings, and how long it waited for its run
 
 
 @dataclass
 class _Waiting:
-    item: BatchItem
+    item: RenderItem
     queued_at: float = field(default_factory=time.monotonic)
     outcome: asyncio.Future[RunOutcome] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
@@ -32,16 +32,14 @@ class _Waiting:
 class RenderScheduler:
     def __init__(
         self,
-        runner: PipelineRunner,
-        batches: BatchRunner,
+        renderer: Renderer,
         run_slots: asyncio.Semaphore,
         metrics: DitMetrics,
         *,
         max_batch_size: int,
         window: float,
     ) -> None:
-        self._runner = runner
-        self._batches = batches
+        self._renderer = renderer
         self._run_slots = run_slots
         self._metrics = metrics
         self._max_batch = max_batch_size
@@ -55,7 +53,7 @@ class RenderScheduler:
         """Render ``job`` when its turn comes; RenderCancelled if its consumer left meanwhile."""
         if self._max_batch == 1:
             return await self._alone(job, emit, cancel)
-        waiting = _Waiting(BatchItem(job, emit, cancel))
+        waiting = _Waiting(RenderItem(job, emit, cancel))
         self._waiting.append(waiting)
         self._metrics.pipeline_queue_depth.inc()
         if self._dispatcher is None or self._dispatcher.done():
@@ -70,10 +68,12 @@ class RenderScheduler:
                 raise RenderCancelled()
             metrics.pipeline_runs_in_flight.inc()
             try:
-                timings = await asyncio.to_thread(self._runner.render, job, emit, cancel)
+                (outcome,) = await asyncio.to_thread(self._renderer.render, [RenderItem(job, emit, cancel)])
             finally:
                 metrics.pipeline_runs_in_flight.dec()
-        return timings, queue_seconds
+        if isinstance(outcome, RenderCancelled):
+            raise outcome
+        return outcome, queue_seconds
 
     async def _dispatch(self) -> None:
         while self._waiting:
@@ -97,12 +97,12 @@ class RenderScheduler:
                 head.outcome.set_exception(RenderCancelled())
                 continue
             batch.append(head)
-        key = batch_key(batch[0].item.job) if batch else None
+        key = batch[0].item.job.batch_key if batch else None
         if key is not None:
             for waiting in list(self._waiting):
                 if len(batch) == self._max_batch:
                     break
-                if batch_key(waiting.item.job) == key and not waiting.item.cancel.is_set():
+                if waiting.item.job.batch_key == key and not waiting.item.cancel.is_set():
                     self._waiting.remove(waiting)
                     self._metrics.pipeline_queue_depth.dec()
                     batch.append(waiting)
@@ -113,13 +113,7 @@ class RenderScheduler:
         queue_seconds = self._started([w.item.job for w in batch], [w.queued_at for w in batch])
         metrics.pipeline_runs_in_flight.inc(len(batch))
         try:
-            if len(batch) == 1:
-                item = batch[0].item
-                results: list[RenderTimings | RenderCancelled] = [
-                    await asyncio.to_thread(self._runner.render, item.job, item.emit, item.cancel)
-                ]
-            else:
-                results = await asyncio.to_thread(self._batches.render, [w.item for w in batch])
+            results: list[RenderOutcome] = await asyncio.to_thread(self._renderer.render, [w.item for w in batch])
         except BaseException as exc:  # every job of the run failed with it
             for waiting in batch:
                 if not waiting.outcome.done():

@@ -26,7 +26,7 @@ from starlette.responses import StreamingResponse
 
 from dit_service.admission import RunTicket
 from dit_service.metrics import DitMetrics
-from dit_service.pipeline_runner import EmitResult, RenderCancelled, RenderJob, RenderTimings
+from dit_service.render_job import EmitResult, RenderCancelled, RenderJob, RenderTimings
 from dit_service.render_scheduler import RenderScheduler
 from services.fatal import Fatal
 from shared.result_frames import (

@@ -8,14 +8,12 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from services.checkpoints import default_model_dir
+from services.checkpoints import DIT_MODEL, default_model_dir
+from shared.diffusion import MAX_IMAGES, SIZE_PATTERN
 from shared.frame_codec import FrameLimits
 from shared.handoff_assembler import AssemblyCaps
 
 TorchDtypeName = Literal["float32", "bfloat16", "float16"]
-# The demo Qwen-Image the project trains itself (deploy/checkpoints/ardit-demo; `make checkpoints` installs it).
-DEFAULT_MODEL = "ardit-demo"
-SIZE_PATTERN = r"^[1-9][0-9]{0,5}x[1-9][0-9]{0,5}$"
 
 
 class DitSettings(BaseSettings):
@@ -23,7 +21,7 @@ class DitSettings(BaseSettings):
 
     # --- model -------------------------------------------------------------------------------
     model_dir: Path = Field(
-        default_factory=lambda: default_model_dir(DEFAULT_MODEL),
+        default_factory=lambda: default_model_dir(DIT_MODEL),
         description="QwenImagePipeline directory (no text encoder needed).",
     )
     device: Literal["cpu", "cuda"] = Field("cpu", description="Where the pipeline runs.")
@@ -119,8 +117,8 @@ class DitSettings(BaseSettings):
     # --- diffusion limits (announced to the AR, enforced on every open frame) ---------------------
     max_pixels: Annotated[int, Field(ge=1)] = Field(2 * 1024 * 1024, description="Max width*height.")
     max_inference_steps: Annotated[int, Field(ge=1)] = Field(100, description="Max num_inference_steps.")
-    max_images_per_handoff: Annotated[int, Field(ge=1)] = Field(
-        10, description="Max num_images (OpenAI allows n up to 10)."
+    max_images_per_handoff: Annotated[int, Field(ge=1, le=MAX_IMAGES)] = Field(
+        MAX_IMAGES, description="Max num_images (OpenAI's n goes up to 10)."
     )
     max_guidance_scale: Annotated[float, Field(ge=0)] = Field(50.0, description="Max guidance_scale.")
 

@@ -3,8 +3,9 @@
 The DiT owns every fact about what it can render (sizes, steps, guidance, images per request,
 conditioning length), its defaults and its capacity. The AR reads the announcement when the DiT
 becomes ready (at start and after every reconnect) and checks public requests against it before
-any engine work, so no limit is configured twice. The DiT still enforces every limit on ``open``:
-the announcement lets the AR refuse early, it is not what makes the DiT safe.
+any engine work, so no limit is configured twice. The DiT still enforces every limit on ``open``
+(the same ``DiffusionLimits.check``): the announcement lets the AR refuse early, it is not what
+makes the DiT safe.
 
 JSON, not msgpack: it is small, read every few seconds at most, and operators read it with curl.
 Receivers ignore keys they do not know, like the handoff frames.
@@ -12,34 +13,87 @@ Receivers ignore keys they do not know, like the handoff frames.
 
 from __future__ import annotations
 
-from typing import Annotated
+import math
+from collections.abc import Callable, Sequence
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from shared.frames import OutputFormat
+from shared.diffusion import MAX_SEED, DiffusionParams, OutputFormat
+from shared.errors import InvalidDiffusionParams
+from shared.frame_types import NonNegInt, PosInt, WireModel
 
-PosInt = Annotated[int, Field(gt=0)]
-NonNegInt = Annotated[int, Field(ge=0)]
+# How a limit of several DiTs combines into what every one of them can do (``DiffusionLimits.common``):
+# each limit field names its rule in its metadata.
+Merge = Callable[[Sequence[Any]], Any]
+TIGHTEST_MAX: Merge = min
+TIGHTEST_MIN: Merge = max
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True, strict=True, extra="ignore")
+def _every_multiple(values: Sequence[int]) -> int:
+    return math.lcm(*values)
 
 
-class DiffusionLimits(_Model):
+def _in_all(values: Sequence[list[OutputFormat]]) -> list[OutputFormat]:
+    return [f for f in values[0] if all(f in v for v in values)]
+
+
+class DiffusionLimits(WireModel):
     # Pixel sizes must be multiples of this (VAE factor x patch size), or diffusers rounds them down.
-    size_multiple: PosInt
-    max_pixels: PosInt
-    min_inference_steps: PosInt
-    max_inference_steps: PosInt
-    max_guidance_scale: Annotated[float, Field(ge=0.0)]
-    max_images: PosInt
+    size_multiple: Annotated[PosInt, _every_multiple]
+    max_pixels: Annotated[PosInt, TIGHTEST_MAX]
+    min_inference_steps: Annotated[PosInt, TIGHTEST_MIN]
+    max_inference_steps: Annotated[PosInt, TIGHTEST_MAX]
+    max_guidance_scale: Annotated[float, Field(ge=0.0), TIGHTEST_MAX]
+    max_images: Annotated[PosInt, TIGHTEST_MAX]
     # Most rows that may condition one image (the prompt's rows after the template prefix).
-    max_conditioning_rows: PosInt
-    output_formats: list[OutputFormat]
+    max_conditioning_rows: Annotated[PosInt, TIGHTEST_MAX]
+    output_formats: Annotated[list[OutputFormat], _in_all]
+
+    @classmethod
+    def common(cls, all_limits: Sequence[DiffusionLimits]) -> DiffusionLimits:
+        """What every one of these DiTs can do: each field merged by the rule it declares."""
+        merged = {}
+        for name, field in cls.model_fields.items():
+            rule = next(m for m in field.metadata if callable(m))
+            merged[name] = rule([getattr(limits, name) for limits in all_limits])
+        return cls(**merged)
+
+    def check_size(self, width: int, height: int) -> None:
+        """``InvalidDiffusionParams`` (param ``size``) unless this DiT renders exactly ``width`` x ``height``."""
+        multiple, size = self.size_multiple, f"{width}x{height}"
+        if width < multiple or height < multiple or width % multiple or height % multiple:
+            raise InvalidDiffusionParams(
+                f"size {size}: width and height must be positive multiples of {multiple}", param="size"
+            )
+        if width * height > self.max_pixels:
+            raise InvalidDiffusionParams(f"size {size} is over the {self.max_pixels}-pixel limit", param="size")
+
+    def check(self, params: DiffusionParams) -> None:
+        """``InvalidDiffusionParams`` naming the public parameter unless this DiT renders ``params``
+        exactly as asked. The AR checks a request with it before any work, the DiT every ``open``."""
+        self.check_size(params.width, params.height)
+        steps, fewest, most = params.num_inference_steps, self.min_inference_steps, self.max_inference_steps
+        if not fewest <= steps <= most:
+            raise InvalidDiffusionParams(
+                f"num_inference_steps {steps} is not within [{fewest}, {most}]", param="num_inference_steps"
+            )
+        if params.num_images > self.max_images:
+            raise InvalidDiffusionParams(f"n {params.num_images} is over {self.max_images}", param="n")
+        if params.seed + params.num_images - 1 > MAX_SEED:
+            raise InvalidDiffusionParams(f"seed {params.seed} + n - 1 is over {MAX_SEED}", param="seed")
+        guidance = params.guidance_scale
+        if not math.isfinite(guidance) or guidance > self.max_guidance_scale:
+            raise InvalidDiffusionParams(
+                f"guidance_scale {guidance} is not within [0, {self.max_guidance_scale}]", param="guidance_scale"
+            )
+        if params.output_format not in self.output_formats:
+            raise InvalidDiffusionParams(
+                f"output_format {params.output_format!r} is not supported here", param="output_format"
+            )
 
 
-class DiffusionDefaults(_Model):
+class DiffusionDefaults(WireModel):
     """What the model renders best when a request does not say."""
 
     width: PosInt
@@ -48,7 +102,7 @@ class DiffusionDefaults(_Model):
     guidance_scale: Annotated[float, Field(ge=0.0)]
 
 
-class DitCapacity(_Model):
+class DitCapacity(WireModel):
     """How much work one DiT replica holds at once; the AR admits requests against it."""
 
     max_concurrent_handoffs: PosInt
@@ -67,7 +121,7 @@ class DitCapacity(_Model):
         return min(self.max_admitted, self.max_concurrent_handoffs)
 
 
-class DitCapabilities(_Model):
+class DitCapabilities(WireModel):
     model: Annotated[str, Field(min_length=1, max_length=256)]
     description: str
     # The width of the rows this DiT is conditioned on (its joint_attention_dim).
@@ -76,3 +130,11 @@ class DitCapabilities(_Model):
     limits: DiffusionLimits
     defaults: DiffusionDefaults
     capacity: DitCapacity
+
+    @classmethod
+    def common(cls, all_capabilities: Sequence[DitCapabilities]) -> DitCapabilities:
+        """What every one of these DiTs can do: the first's identity and defaults, the tightest limits."""
+        first = all_capabilities[0]
+        if all(c == first for c in all_capabilities):
+            return first
+        return first.model_copy(update={"limits": DiffusionLimits.common([c.limits for c in all_capabilities])})

@@ -2,7 +2,8 @@
 
 Every way a handoff stream can be wrong has its own class with a stable ``code`` string, so the
 receiver can answer with a precise 4xx and the sender's logs and metrics can name the reason.
-``status`` is the HTTP status the DiT service answers with.
+``status`` is the HTTP status the DiT service answers with; ``param``, where there is one, names
+the public API parameter at fault (``size``, ``n``, ``prompt``...), so the AR can pass it through.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ class HandoffError(Exception):
     code = "handoff_error"
     status = 400
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, *, param: str | None = None) -> None:
         super().__init__(message)
         self.message = message
+        self.param = param
 
 
 class MalformedFrame(HandoffError):
@@ -112,3 +114,11 @@ class IncompleteStream(HandoffError):
     """The byte stream ended before a ``close`` frame (or inside a frame)."""
 
     code = "incomplete_stream"
+
+
+class InvalidDiffusionParams(HandoffError):
+    """A diffusion parameter outside what the DiT announced it can render exactly (diffusers would
+    round it or fail): ``DiffusionLimits.check``."""
+
+    code = "invalid_diffusion_params"
+    status = 422

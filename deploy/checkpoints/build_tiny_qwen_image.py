@@ -35,7 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
-MODEL_DIRNAME = "qwen-image-tiny"
+from services.checkpoints import PLUMBING_DIT_MODEL, default_model_dir
+
 MARKER = ".complete"
 RECIPE_VERSION = 1  # bump when the build recipe changes in a way the config hash does not show
 DEFAULT_JOINT_ATTENTION_DIM = 576  # SmolLM2-135M hidden size
@@ -85,11 +86,6 @@ SCHEDULER_CONFIG = {
 # look flat. Amplifying its last convolution spreads them over the whole range (a few percent clip),
 # which makes the noise visible and differences between outputs easy to see.
 VAE_OUTPUT_GAIN = 3.0
-
-
-def default_out_dir() -> Path:
-    base = os.environ.get("ARDIT_CACHE_DIR") or os.path.join("~", ".cache", "ardit")
-    return Path(base).expanduser() / "models" / MODEL_DIRNAME
 
 
 def joint_attention_dim_of(ar_model_dir: Path) -> int:
@@ -190,8 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--out",
         type=Path,
-        default=default_out_dir(),
-        help=f"output dir (default: $ARDIT_CACHE_DIR/models/{MODEL_DIRNAME}, "
+        default=default_model_dir(PLUMBING_DIT_MODEL),
+        help=f"output dir (default: $ARDIT_CACHE_DIR/models/{PLUMBING_DIT_MODEL}, "
         "ARDIT_CACHE_DIR defaults to ~/.cache/ardit)",
     )
     ap.add_argument(

@@ -6,9 +6,11 @@ from starlette.testclient import TestClient
 
 from ar_service.app import create_ar_app
 from ar_service.settings import ArSettings
+from tests.conftest import require_checkpoint
 
 
 def client(**settings) -> TestClient:
+    require_checkpoint(ArSettings().model_dir)  # its tokenizer
     return TestClient(create_ar_app(ArSettings(**settings)))  # not entered: the engine never starts
 
 

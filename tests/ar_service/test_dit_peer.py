@@ -7,7 +7,7 @@ import asyncio
 import httpx
 
 from ar_service.dit_peer import DitPeer
-from tests.ar_service.api.test_serving import DIT
+from tests.support.capabilities import DIT
 
 
 def peer_answering(handler) -> DitPeer:

@@ -6,11 +6,10 @@ import asyncio
 
 import httpx
 
-from ar_service.dit_pool import DitPool, _common
-from ar_service.handoff_body import HandoffBody
+from ar_service.dit_pool import DitPool
 from shared.result_frames import DoneFrame, encode_result
-from tests.ar_service.api.test_serving import DIT
-from tests.ar_service.test_handoff_body import encoder, run_of
+from tests.ar_service.test_handoff_body import body_of, run_of
+from tests.support.capabilities import DIT
 
 
 def pool_of(*urls: str, answers) -> DitPool:
@@ -72,13 +71,6 @@ def test_the_least_loaded_ready_replica_with_room_is_picked():
     assert asyncio.run(scenario()) == ("http://10.0.0.2:8001", "http://10.0.0.1:8001")
 
 
-def test_the_pool_promises_only_what_every_ready_replica_can_do():
-    tighter = DIT.model_copy(update={"limits": DIT.limits.model_copy(update={"max_pixels": 4096, "max_images": 1})})
-    common = _common([DIT, tighter])
-    assert common.limits.max_pixels == 4096 and common.limits.max_images == 1
-    assert common.limits.max_inference_steps == DIT.limits.max_inference_steps
-
-
 def test_a_replica_that_leaves_the_answer_takes_no_new_work():
     async def scenario():
         pool = pool_of("http://10.0.0.1:8001", answers=lambda url: ready_with())
@@ -124,9 +116,9 @@ def test_an_unreachable_replica_hands_the_request_to_another_before_any_row_is_s
         )
         await pool.refresh()
         await pool.state()
-        body = HandoffBody(encoder(), {"cond": run_of([5, 6, 7, 8], [3])}, overlap=True, received_at=0.0)
+        body = body_of({"cond": run_of([5, 6, 7, 8], [3])})
         async with body:
-            result = await pool.render("req_body", body)
+            result = await pool.exchange("req_body", body)
         return result, [r.outstanding for r in pool.replicas.values()]
 
     result, outstanding = asyncio.run(scenario())

@@ -1,4 +1,4 @@
-"""The handoff body on its own: frames in order, rows held or overlapped, engine failures, stats."""
+"""The handoff body on its own: frames in order, rows held or overlapped, engine failures, what close reports."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from ar_service.engine.hidden_state_engine import EngineEvent, FinishedEvent, RowsEvent
-from ar_service.handoff_body import HandoffBody, coalesced
-from shared.frames import DiffusionParams, OpenFrame, StreamName, StreamSpec
+from ar_service.handoff_body import BodyFrame, HandoffBody, coalesced
+from shared.diffusion import DiffusionParams
+from shared.frames import OpenFrame, StreamName, StreamSpec
 from shared.handoff_assembler import AssembledHandoff, HandoffReceiver
 from shared.handoff_encoder import HandoffEncoder
 
@@ -63,15 +64,22 @@ async def run_of(ids: list[int], pieces: list[int], fail: Exception | None = Non
     yield finished(ids)
 
 
-async def collect(body: HandoffBody) -> list[list]:
+Runs = dict[StreamName, AsyncGenerator[EngineEvent, None]]
+
+
+def body_of(runs: Runs, *, overlap: bool = True, received_at: float = 0.0) -> HandoffBody:
+    return HandoffBody(encoder("uncond" in runs), runs, overlap=overlap, received_at=received_at, pixels={})
+
+
+async def collect(body: HandoffBody) -> list[BodyFrame]:
     async with body:
         return [frame async for frame in body]
 
 
-def assemble(frames: list[list]) -> AssembledHandoff:
+def assemble(frames: list[BodyFrame]) -> AssembledHandoff:
     receiver = HandoffReceiver()
     for frame in frames:
-        for buffer in frame:
+        for buffer in frame.buffers:
             receiver.feed(buffer)
     return receiver.finish()
 
@@ -79,15 +87,17 @@ def assemble(frames: list[list]) -> AssembledHandoff:
 # Overlapped, each rows event went out before the next arrived; held, both go out as one frame.
 @pytest.mark.parametrize(("overlap", "frame_count"), [(True, 4), (False, 3)])
 def test_a_body_is_open_rows_close_and_assembles(overlap, frame_count):
-    body = HandoffBody(encoder(), {"cond": run_of([5, 6, 7, 8], [2, 1])}, overlap=overlap, received_at=0.5)
+    body = body_of({"cond": run_of([5, 6, 7, 8], [2, 1])}, overlap=overlap, received_at=0.5)
     frames = asyncio.run(collect(body))
-    cond = assemble(frames).streams["cond"]
+    handoff = assemble(frames)
+    cond = handoff.streams["cond"]
     assert cond.token_ids == [5, 6, 7, 8] and cond.rows[:, 0].tolist() == [0.0, 1.0, 2.0]
-    assert body.stats.frames_sent == len(frames) == frame_count and body.stats.bytes_sent == sum(
-        memoryview(b).nbytes for f in frames for b in f
-    )
-    assert body.stats.last_row_at is not None
-    assert body.ar_timings().as_dict() == {"queue": 0.5, "ttft": 1.5, "decode": 1.0, "ar_total": 2.5}
+    assert len(frames) == frame_count
+    assert [f.kind for f in frames] == ["open", *["rows"] * (frame_count - 2), "close"]
+    assert handoff.close.timings == {"queue": 0.5, "ttft": 1.5, "decode": 1.0, "ar_total": 2.5}
+    report = frames[-1].engine
+    assert report is not None and report.finished["cond"].token_ids == [5, 6, 7, 8] and report.last_row_at > 0
+    assert all(f.engine is None for f in frames[:-1])
 
 
 def test_rows_that_arrive_while_frames_are_written_go_out_as_one_frame():
@@ -96,7 +106,7 @@ def test_rows_that_arrive_while_frames_are_written_go_out_as_one_frame():
             yield event
 
     async def scenario():
-        body = HandoffBody(encoder(), {"cond": burst()}, overlap=True, received_at=0.0)
+        body = body_of({"cond": burst()})
         async with body:
             await asyncio.sleep(0.01)  # the engine hands over every row before the body writes any
             return [frame async for frame in body]
@@ -139,34 +149,39 @@ def test_contiguous_rows_of_each_stream_merge_across_the_other_streams_events_ne
 
 
 def test_both_streams_run_side_by_side_and_close_reports_both():
-    runs: dict[StreamName, AsyncGenerator[EngineEvent, None]] = {
+    runs: Runs = {
         "cond": run_of([5, 6, 7, 8], [3]),
         "uncond": run_of([9, 10, 11], [2]),
     }
-    body = HandoffBody(encoder(uncond=True), runs, overlap=True, received_at=0.0)
-    frames = asyncio.run(collect(body))
-    assert set(body.finished) == set(assemble(frames).streams) == {"cond", "uncond"}
+    frames = asyncio.run(collect(body_of(runs)))
+    report = frames[-1].engine
+    assert report is not None and set(report.finished) == set(assemble(frames).streams) == {"cond", "uncond"}
 
 
 def test_without_overlap_no_rows_leave_before_the_last_row():
     async def scenario():
-        body = HandoffBody(encoder(), {"cond": run_of([5, 6, 7, 8], [1, 1, 1])}, overlap=False, received_at=0.0)
-        async with body:
-            iterator = aiter(body)
-            first = await anext(iterator)
-            assert body.stats.last_row_at is None
-            second = await anext(iterator)
-            assert body.stats.last_row_at is not None  # rows are sent only after the engine finished
-            return first, second
+        finished = asyncio.Event()
 
-    first, second = asyncio.run(scenario())
-    assert first and second
+        async def run() -> AsyncGenerator[EngineEvent, None]:
+            async for event in run_of([5, 6, 7, 8], [1, 1, 1]):
+                if isinstance(event, FinishedEvent):
+                    finished.set()
+                yield event
+
+        body = body_of({"cond": run()}, overlap=False)
+        async with body:
+            kinds = []
+            async for frame in body:
+                kinds.append(frame.kind)
+                if frame.kind == "rows":
+                    assert finished.is_set()  # rows are sent only after the engine finished
+            return kinds
+
+    assert asyncio.run(scenario()) == ["open", "rows", "close"]
 
 
 def test_an_engine_failure_ends_the_body_with_it():
-    body = HandoffBody(
-        encoder(), {"cond": run_of([5, 6, 7, 8], [1], fail=RuntimeError("engine died"))}, overlap=True, received_at=0
-    )
+    body = body_of({"cond": run_of([5, 6, 7, 8], [1], fail=RuntimeError("engine died"))})
     with pytest.raises(RuntimeError, match="engine died"):
         asyncio.run(collect(body))
 
@@ -185,7 +200,7 @@ def test_leaving_the_body_early_closes_the_engine_runs():
             closed.set()
 
     async def scenario():
-        body = HandoffBody(encoder(), {"cond": endless()}, overlap=True, received_at=0.0)
+        body = body_of({"cond": endless()})
         async with body:
             await anext(aiter(body))  # the open frame
             await started.wait()  # the engine run is under way; then the consumer goes away
@@ -197,7 +212,7 @@ def test_leaving_the_body_early_closes_the_engine_runs():
 def test_the_tail_starts_when_the_last_rows_come_out_of_the_engine_not_when_they_are_sent():
     """All rows at once (encoder mode): writing them out is part of the handoff tail."""
 
-    async def scenario() -> tuple[float, float | None]:
+    async def scenario() -> tuple[float, float]:
         engine_done = asyncio.Event()
 
         async def run() -> AsyncGenerator[EngineEvent, None]:
@@ -205,15 +220,15 @@ def test_the_tail_starts_when_the_last_rows_come_out_of_the_engine_not_when_they
                 yield event
             engine_done.set()
 
-        body = HandoffBody(encoder(), {"cond": run()}, overlap=True, received_at=0.0)
+        body = body_of({"cond": run()})
         async with body:
             await engine_done.wait()  # the engine is done with every row before the first is sent
-            first_sent = None
-            async for _frame in body:
-                first_sent = first_sent or time.perf_counter()
+            first_sent, last = None, None
+            async for frame in body:
+                first_sent, last = first_sent or time.perf_counter(), frame
                 await asyncio.sleep(0.02)  # a slow socket
-            assert first_sent is not None
-            return first_sent, body.stats.last_row_at
+            assert first_sent is not None and last is not None and last.engine is not None
+            return first_sent, last.engine.last_row_at
 
     first_sent, last_row_at = asyncio.run(scenario())
-    assert last_row_at is not None and last_row_at < first_sent
+    assert last_row_at < first_sent

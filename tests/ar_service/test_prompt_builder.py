@@ -1,9 +1,18 @@
+import pytest
+
 from ar_service.prompt_builder import PromptBuilder
 from ar_service.settings import ArSettings
+from tests.conftest import require_checkpoint
 
 
-def test_prefix_tokens_are_exactly_the_template_before_the_prompt():
+@pytest.fixture
+def settings() -> ArSettings:
     settings = ArSettings()
+    require_checkpoint(settings.model_dir)
+    return settings
+
+
+def test_prefix_tokens_are_exactly_the_template_before_the_prompt(settings):
     builder = PromptBuilder.from_model_dir(settings.model_dir, settings.prompt_template)
     built = builder.build("a red fox in the snow")
     prefix = builder.tokenizer.decode(built.token_ids[: built.prefix_tokens])
@@ -13,8 +22,7 @@ def test_prefix_tokens_are_exactly_the_template_before_the_prompt():
     assert built.prefix_tokens == 34
 
 
-def test_template_needs_one_placeholder():
-    settings = ArSettings()
+def test_template_needs_one_placeholder(settings):
     try:
         PromptBuilder.from_model_dir(settings.model_dir, "no placeholder")
     except ValueError as exc:

@@ -4,7 +4,8 @@ import msgpack
 import pytest
 import torch
 
-from shared.frames import DiffusionParams, OpenFrame, StreamName, StreamSpec
+from shared.diffusion import DiffusionParams
+from shared.frames import OpenFrame, StreamName, StreamSpec
 from shared.handoff_encoder import HandoffEncoder
 
 

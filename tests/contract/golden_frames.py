@@ -14,8 +14,9 @@ from pathlib import Path
 
 import torch
 
+from shared.diffusion import DiffusionParams
 from shared.frame_types import Buffer
-from shared.frames import DiffusionParams, EditSpec, OpenFrame, StreamSpec
+from shared.frames import EditSpec, OpenFrame, StreamSpec
 from shared.handoff_encoder import HandoffEncoder
 
 GOLDEN_DIR = Path(__file__).parent / "golden"

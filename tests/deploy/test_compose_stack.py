@@ -29,9 +29,7 @@ import httpx
 import pytest
 from PIL import Image
 
-from ar_service.settings import DEFAULT_MODEL as AR_DEFAULT_MODEL
-from dit_service.settings import DEFAULT_MODEL as DIT_DEFAULT_MODEL
-from services.checkpoints import default_model_dir
+from services.checkpoints import AR_MODEL, DIT_MODEL, default_model_dir
 from tests.deploy.compose_cli import CPU_FILES, compose, rendered
 from tests.deploy.podman_stack import ApiSocket, HealthcheckRunner, inspect, podman
 
@@ -126,8 +124,8 @@ def compose_stack(tmp_path_factory) -> Iterator[ComposeStack]:
     port = free_port()
     env = {
         "COMPOSE_PROJECT_NAME": project,
-        "ARDIT_AR_MODEL_HOST_DIR": require_checkpoint(default_model_dir(AR_DEFAULT_MODEL)),
-        "ARDIT_DIT_MODEL_HOST_DIR": require_checkpoint(default_model_dir(DIT_DEFAULT_MODEL)),
+        "ARDIT_AR_MODEL_HOST_DIR": require_checkpoint(default_model_dir(AR_MODEL)),
+        "ARDIT_DIT_MODEL_HOST_DIR": require_checkpoint(default_model_dir(DIT_MODEL)),
         "ARDIT_HANDOFF_ENV_FILE": str(handoff_env),
         "ARDIT_AR_PUBLISH_PORT": str(port),
         "ARDIT_AR_API_KEYS": json.dumps([API_KEY]),

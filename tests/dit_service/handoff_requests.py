@@ -11,7 +11,8 @@ import httpx
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from shared.frames import DiffusionParams, OpenFrame, StreamName, StreamSpec
+from shared.diffusion import DiffusionParams
+from shared.frames import OpenFrame, StreamName, StreamSpec
 from shared.handoff_encoder import HandoffEncoder
 from shared.result_frames import HANDOFF_MEDIA_TYPE, ImageFrame, PartialImageFrame, ResultFrame, ResultReader
 

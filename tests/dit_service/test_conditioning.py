@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import io
-import threading
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
-from prometheus_client import CollectorRegistry
 
 from dit_service.conditioning import (
     ArGeneratedAdapter,
@@ -18,15 +16,13 @@ from dit_service.conditioning import (
     QwenImageAdapter,
 )
 from dit_service.errors import ConditioningMismatch, EmptyConditioning, PromptTooLong
-from dit_service.image_encoder import ImageEncoder
-from dit_service.latent_decoder import LatentDecoder
-from dit_service.metrics import DitMetrics
-from dit_service.pipeline_runner import PipelineRunner, RenderJob
+from dit_service.render_job import RenderJob
 from shared.frames import CloseFrame, StreamName, StreamTotals
 from shared.handoff_assembler import AssembledHandoff, AssembledStream
 from shared.result_frames import ImageFrame, ResultFrame
 from shared.tensor_codec import token_ids_to_bytes
 from tests.dit_service.handoff_requests import open_frame, params
+from tests.dit_service.test_renderer import renderer_of, run
 
 HIDDEN = 4
 
@@ -149,7 +145,7 @@ def test_unknown_adapter_names_the_known_ones():
 
 @pytest.mark.slow
 def test_padding_with_a_mask_gives_the_latents_and_image_of_trimming(tiny_model):
-    runner = PipelineRunner(tiny_model, LatentDecoder(tiny_model), ImageEncoder(), DitMetrics(CollectorRegistry()))
+    runner = renderer_of(tiny_model)
     rows = torch.randn(14, tiny_model.facts.joint_attention_dim, generator=torch.Generator().manual_seed(4))
     source = AssembledHandoff(
         open=open_frame(14),
@@ -175,7 +171,7 @@ def test_padding_with_a_mask_gives_the_latents_and_image_of_trimming(tiny_model)
             ).images
         )
         frames: list[ResultFrame] = []
-        runner.render(RenderJob("r", cond, params(num_inference_steps=3)), frames.append, threading.Event())
+        run(runner, RenderJob("r", cond, params(num_inference_steps=3)), frames.append)
         [image] = [f for f in frames if isinstance(f, ImageFrame)]
         images.append(np.asarray(Image.open(io.BytesIO(image.data)), dtype=int))
     # Masked attention sums in a different order than unmasked attention: equal up to float rounding,

@@ -13,6 +13,7 @@ from PIL import Image
 
 from dit_service.app import create_dit_app
 from dit_service.settings import DitSettings
+from shared.diffusion import MAX_SEED
 from shared.frame_codec import encode_frame, encode_rows
 from shared.frames import SCHEMA_VERSION, CloseFrame, EditSpec, StreamTotals, frame_header
 from shared.handoff_encoder import HandoffEncoder
@@ -332,7 +333,7 @@ def test_conditioning_mismatch_is_refused_at_open(dit_server, open_options, para
         (params(num_images=11), "n"),
         (params(guidance_scale=4.0), "guidance_scale"),
         (params(guidance_scale=float("inf")), "guidance_scale"),
-        (params(seed=2**64 - 1, num_images=2), "seed"),
+        (params(seed=MAX_SEED, num_images=2), "seed"),
     ],
     ids=[
         "width",

@@ -12,36 +12,28 @@ import pytest
 import torch
 from prometheus_client import CollectorRegistry
 
-from dit_service.batch_runner import BatchRunner
 from dit_service.conditioning import Conditioning
 from dit_service.metrics import DitMetrics
-from dit_service.pipeline_runner import PipelineRunner, RenderCancelled, RenderJob, RenderTimings
+from dit_service.render_job import RenderCancelled, RenderJob, RenderTimings
 from dit_service.render_scheduler import RenderScheduler
+from dit_service.renderer import Renderer
 from tests.dit_service.handoff_requests import params
 
 COND = Conditioning(torch.zeros(1, 1, 4), torch.ones(1, 1, dtype=torch.long))
 
 
 class Recorder:
-    """Stands in for both runners: records what ran together, takes a little time."""
+    """Stands in for the renderer: records what ran together (denoise 1 s alone, 2 s in a batch), takes a
+    little time."""
 
     def __init__(self) -> None:
         self.runs: list[list[str]] = []
 
-    def render(self, job, emit, cancel) -> RenderTimings:
-        self.runs.append([job.request_id])
-        time.sleep(0.05)
-        return RenderTimings(denoise=1.0)
-
-    def render_batch(self, items) -> list:
+    def render(self, items) -> list:
         self.runs.append([item.job.request_id for item in items])
         time.sleep(0.05)
-        return [RenderCancelled() if item.cancel.is_set() else RenderTimings(denoise=2.0) for item in items]
-
-
-class BatchView:
-    def __init__(self, recorder: Recorder) -> None:
-        self.render = recorder.render_batch
+        denoise = 1.0 if len(items) == 1 else 2.0
+        return [RenderCancelled() if item.cancel.is_set() else RenderTimings(denoise=denoise) for item in items]
 
 
 def job(name: str, **overrides) -> RenderJob:
@@ -54,8 +46,7 @@ def schedule(jobs: list[RenderJob], max_batch: int, cancelled: Iterable[str] = f
     async def scenario():
         metrics = DitMetrics(CollectorRegistry())
         scheduler = RenderScheduler(
-            cast(PipelineRunner, recorder),  # the fakes stand in for both runners
-            cast(BatchRunner, BatchView(recorder)),
+            cast(Renderer, recorder),
             asyncio.Semaphore(1),
             metrics,
             max_batch_size=max_batch,

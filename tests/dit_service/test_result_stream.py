@@ -17,12 +17,12 @@ from prometheus_client import CollectorRegistry
 from dit_service.admission import AdmissionControl
 from dit_service.conditioning import Conditioning
 from dit_service.metrics import DitMetrics
-from dit_service.pipeline_runner import RenderCancelled, RenderJob, RenderTimings
+from dit_service.render_job import RenderCancelled, RenderItem, RenderJob, RenderOutcome, RenderTimings
 from dit_service.render_scheduler import RenderScheduler
 from dit_service.result_stream import ResultStream
 from services.errors import ApiError
 from services.fatal import Fatal
-from shared.frames import OutputFormat
+from shared.diffusion import OutputFormat
 from shared.result_frames import RESULT_MEDIA_TYPE, ImageFrame, PartialImageFrame, ResultFrame, ResultReader
 from tests.dit_service.handoff_requests import (
     complete_handoff,
@@ -55,8 +55,8 @@ def result_stream(
     progress_interval: float = 60.0,
 ) -> ResultStream:
     metrics = metrics or DitMetrics(CollectorRegistry())
-    # Batching off: the scheduler hands each job to ``runner`` alone (the batch runner is never used).
-    scheduler = RenderScheduler(runner, None, admission.run_slots, metrics, max_batch_size=1, window=0.0)  # type: ignore[arg-type]
+    # Batching off: the scheduler hands each job to ``runner`` alone.
+    scheduler = RenderScheduler(runner, admission.run_slots, metrics, max_batch_size=1, window=0.0)
     return ResultStream(
         scheduler,
         metrics,
@@ -67,7 +67,7 @@ def result_stream(
 
 
 class ScriptedRunner:
-    """Stands in for PipelineRunner: emits a preview and an image, or fails, or waits to be cancelled,
+    """Stands in for the Renderer: emits a preview and an image, or fails, or waits to be cancelled,
     or takes a long silent step."""
 
     def __init__(self, behaviour: str) -> None:
@@ -75,7 +75,11 @@ class ScriptedRunner:
         self.finished = threading.Event()
         self.started = threading.Event()
 
-    def render(self, job, emit, cancel) -> RenderTimings:
+    def render(self, items: list[RenderItem]) -> list[RenderOutcome]:
+        [item] = items
+        return [self._run(item.emit, item.cancel)]
+
+    def _run(self, emit, cancel) -> RenderOutcome:
         try:
             self.started.set()
             emit(PartialImageFrame(**FRAME, partial_image_index=0, step=1, data=b"p"))
@@ -84,7 +88,7 @@ class ScriptedRunner:
             if self.behaviour == "wait_for_cancel":
                 assert cancel.wait(10)
                 time.sleep(0.2)  # the step in progress finishes before the loop notices
-                raise RenderCancelled()
+                return RenderCancelled()
             if self.behaviour == "silent_step":
                 time.sleep(0.5)
             emit(ImageFrame(**FRAME, seed=0, width=32, height=32, data=b"i"))

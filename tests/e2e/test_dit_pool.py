@@ -17,7 +17,7 @@ import pytest
 from tests.conftest import API_KEY, HANDOFF_TOKEN, PLUMBING_DIT_MODEL_DIR
 from tests.e2e.metrics_text import sample
 from tests.e2e.test_lifecycle import settled
-from tests.support.dit_pools import dit_pool, using_dits
+from tests.support.dit_pools import pointed_at
 from tests.support.ports import free_port
 
 pytestmark = pytest.mark.slow
@@ -68,7 +68,7 @@ class DitProcess:
 def two_dits(stack) -> Iterator[tuple[DitProcess, DitProcess]]:
     dits = (DitProcess().start(), DitProcess().start())
     try:
-        with using_dits(stack, dit_pool(stack, dits[0].url, dits[1].url)):
+        with pointed_at(stack, dits[0].url, dits[1].url):
             yield dits
     finally:
         for dit in dits:

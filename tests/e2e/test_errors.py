@@ -11,7 +11,7 @@ import pytest
 from openai import OpenAI
 
 from tests.conftest import API_KEY
-from tests.support.dit_pools import dit_pool, using_dits
+from tests.support.dit_pools import pointed_at
 from tests.support.ports import free_port
 
 pytestmark = pytest.mark.slow
@@ -109,7 +109,7 @@ def test_health_on_both_and_503_while_the_dit_is_not_ready(stack, client):
         assert httpx.get(f"{url}/healthz").json() == {"status": "ok"}
         assert httpx.get(f"{url}/readyz").status_code == 200
     # A DiT nobody listens for: the AR's probe finds it unreachable.
-    with using_dits(stack, dit_pool(stack, f"http://127.0.0.1:{free_port()}")):
+    with pointed_at(stack, f"http://127.0.0.1:{free_port()}"):
         body = httpx.get(f"{stack.ar.url}/readyz")
         assert body.status_code == 503 and "unreachable" in body.json()["reason"]
         with pytest.raises(openai.InternalServerError) as info:

@@ -10,10 +10,11 @@ import time
 import httpx
 import pytest
 
-from tests.conftest import API_KEY, Stack
+from dit_service.app import create_dit_app
+from tests.conftest import API_KEY, Stack, dit_settings
 from tests.e2e.metrics_text import sample
-from tests.support.dit_pools import dit_pool, using_dits
-from tests.support.ports import free_port
+from tests.support.dit_pools import pointed_at
+from tests.support.live_server import LiveServer
 
 pytestmark = pytest.mark.slow
 
@@ -92,8 +93,11 @@ def test_eight_concurrent_requests_match_their_solo_images(stack):
 
 
 def test_error_during_a_stream_arrives_as_an_sse_error_event(stack):
-    # Ready when the stream starts; the DiT the handoff goes to is not there.
-    with using_dits(stack, dit_pool(stack, f"http://127.0.0.1:{free_port()}"), for_readiness=False):
+    # Ready when the stream starts (the AR probed its DiT a moment ago); gone when the handoff goes out.
+    dit = LiveServer(create_dit_app(dit_settings())).start().wait_ready()
+    with pointed_at(stack, dit.url) as dits:
+        assert stack.ar.call(dits.state()).ready
+        dit.stop()
         response = post(stack, prompt="no dit", stream=True, partial_images=1, num_inference_steps=2)
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
     events = [line.removeprefix("data: ") for line in response.text.splitlines() if line.startswith("data: ")]

@@ -19,15 +19,14 @@ from benchmarks.prompt_judge import judge
 from deploy.checkpoints import demo_scenes
 from dit_service.app import create_dit_app
 from dit_service.model import ModelCard
-from dit_service.settings import DEFAULT_MODEL as DIT_DEFAULT_MODEL
-from services.checkpoints import default_model_dir
+from services.checkpoints import DIT_MODEL, default_model_dir
 from tests.conftest import API_KEY, PLUMBING_DIT_MODEL_DIR, Stack, dit_settings, require_checkpoint
-from tests.support.dit_pools import dit_pool, using_dits
+from tests.support.dit_pools import pointed_at
 from tests.support.live_server import LiveServer
 
 pytestmark = pytest.mark.slow
 
-DEMO_MODEL_DIR = default_model_dir(DIT_DEFAULT_MODEL)
+DEMO_MODEL_DIR = default_model_dir(DIT_MODEL)
 PROMPTS = 24  # trained combinations, one seed each: about a minute of rendering for both models
 STEPS = 20
 ATTRIBUTES = ("shape", "colour", "background", "position")
@@ -52,7 +51,7 @@ def serving(stack: Stack, model_dir: Path) -> Iterator[OpenAI]:
     """The running AR in front of a DiT that serves ``model_dir``, for the length of the block."""
     dit = LiveServer(create_dit_app(dit_settings(model_dir=require_checkpoint(model_dir)))).start().wait_ready()
     try:
-        with using_dits(stack, dit_pool(stack, dit.url)):
+        with pointed_at(stack, dit.url):
             yield OpenAI(base_url=stack.api_base, api_key=API_KEY, max_retries=0, timeout=120)
     finally:
         dit.stop()

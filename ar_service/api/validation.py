@@ -1,0 +1,217 @@
+"""Validate once: a public request in, a ``ValidGeneration`` out, or a 400 that names the parameter.
+
+Everything a request can be refused for without running a model is checked here, before it is
+admitted: the shape (``protocol``), what the ready DiTs announced they can render (the same
+``DiffusionLimits.check`` the DiT runs on every ``open``), the AR's own limits, the templated
+prompts' token counts, and an edit's uploads (decoded here, in a worker thread). After this only
+the validated type travels (TGI's ``validation.rs`` shape): the generator takes the
+``GenerationRequest`` it holds, the response is shaped by its ``ResponseOptions``.
+
+An edit edits one image: Qwen-Image's img2img and inpaint pipelines start from one image, and the
+text model has no image encoder through which reference images could condition it, so ``image[]``
+with more than one file is refused rather than silently reduced to its first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Literal
+
+from ar_service.api.edit_form import EditForm
+from ar_service.api.protocol import EventPrefix, ImageEditRequest, ImageRequest, RequestedFormat
+from ar_service.image_generation import EditHandoff, GenerationRequest
+from ar_service.input_images import OutputSize, decode_edit
+from ar_service.prompt_builder import BuiltPrompt, PromptBuilder
+from ar_service.settings import ArSettings
+from services.errors import ApiError
+from shared.capabilities import DitCapabilities
+from shared.diffusion import DiffusionParams, OutputFormat, parse_size
+from shared.errors import InvalidDiffusionParams
+from shared.frames import PUBLIC_PARAM, EditSpec, StreamName
+
+# Denoising steps by quality when the request names no steps; "auto" (and "standard") take the
+# DiT's announced default. Quality is the knob OpenAI clients have.
+STEPS_BY_QUALITY = {"low": 4, "medium": 8, "high": 20, "hd": 20, "xhigh": 30, "max": 50}
+# An edit's strength when the request names none, by input_fidelity (default "low"): diffusers'
+# own img2img default, and less of the schedule re-run where the input should be kept closely.
+STRENGTH_BY_FIDELITY = {"low": 0.6, "high": 0.3}
+# The OpenAI error code of a parameter the DiT cannot render as asked (invalid_value otherwise).
+_CODE_BY_PARAM = {"size": "invalid_size", "output_format": "unsupported_value"}
+
+
+@dataclass(frozen=True)
+class ResponseOptions:
+    """How the answer is shaped: a JSON body or an event stream, and what it echoes."""
+
+    event_prefix: EventPrefix
+    stream: bool
+    response_format: Literal["b64_json", "url"]
+    quality: str | None  # as echoed (None where OpenAI reports none)
+    safety_identifier: str | None
+
+
+@dataclass(frozen=True)
+class ValidGeneration:
+    generation: GenerationRequest
+    response: ResponseOptions
+
+
+class RequestValidator:
+    def __init__(self, settings: ArSettings, prompts: PromptBuilder) -> None:
+        self._settings = settings
+        self._prompts = prompts
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self._settings.served_model_name:
+            raise ApiError(404, f"the model '{model}' does not exist", param="model", code="model_not_found")
+
+    def prompt_token_ids(self, prompt: str) -> list[int]:
+        """The ids the engine gets for ``prompt`` (in the template): what its prefix cache holds."""
+        return self._prompts.build(prompt).token_ids
+
+    def generation(
+        self, body: ImageRequest, request_id: str, received_at: float, dit: DitCapabilities
+    ) -> ValidGeneration:
+        """A generation (JSON body) checked against the ready DiTs' announcement."""
+        self.check_model(body.model)
+        size = (dit.defaults.width, dit.defaults.height) if body.size == "auto" else _size(body.size, dit)
+        return self._valid(body, "image_generation", request_id, received_at, dit, size, None)
+
+    async def edit(self, form: EditForm, request_id: str, received_at: float, dit: DitCapabilities) -> ValidGeneration:
+        """An edit (multipart form): also decodes the uploads, in a worker thread."""
+        body = form.request
+        self.check_model(body.model)
+        if len(form.images) > 1:
+            raise _invalid(
+                f"{len(form.images)} images were sent; this model edits one image (it has no image encoder "
+                "that reference images could condition), so image[] may hold one file",
+                "image",
+                "unsupported_value",
+            )
+        limits = dit.limits
+        requested = None if body.size == "auto" else _size(body.size, dit)
+        pixels = await asyncio.to_thread(
+            decode_edit,
+            form.images[0].data,
+            form.mask.data if form.mask is not None else None,
+            OutputSize(requested, limits.size_multiple, limits.max_pixels),
+            self._settings.max_edit_input_pixels,
+        )
+        edit = EditHandoff(EditSpec(strength=edit_strength(body), mask=pixels.mask is not None), pixels)
+        size = pixels.width, pixels.height
+        return self._valid(body, "image_edit", request_id, received_at, dit, size, edit)
+
+    def _valid(
+        self,
+        body: ImageRequest,
+        prefix: EventPrefix,
+        request_id: str,
+        received_at: float,
+        dit: DitCapabilities,
+        size: tuple[int, int],
+        edit: EditHandoff | None,
+    ) -> ValidGeneration:
+        s = self._settings
+        if body.background == "transparent":
+            raise _invalid("background 'transparent' is not supported by this model", "background", "unsupported_value")
+        if body.output_compression is not None and body.output_format == "png":
+            raise _invalid("output_compression applies to jpeg and webp only", "output_compression")
+        max_new = body.max_new_tokens or s.max_new_tokens
+        if max_new > s.max_new_tokens_limit:
+            raise _invalid(f"max_new_tokens is limited to {s.max_new_tokens_limit}", "max_new_tokens")
+        with _public_errors():
+            diffusion = self._diffusion(body, request_id, dit, size)
+        cfg = diffusion.guidance_scale > 1.0 or body.negative_prompt is not None
+        texts: dict[StreamName, str] = {"cond": body.prompt}
+        if cfg:
+            texts["uncond"] = body.negative_prompt if body.negative_prompt is not None else s.default_negative_prompt
+        generation = GenerationRequest(
+            request_id=request_id,
+            prompts={name: self._prompt(name, text, dit) for name, text in texts.items()},
+            diffusion=diffusion,
+            max_new_tokens=max_new,
+            cache_salt=body.cache_salt,
+            received_at=received_at,
+            edit=edit,
+        )
+        response = ResponseOptions(
+            event_prefix=prefix,
+            stream=body.stream,
+            response_format=body.response_format,
+            quality=body.echoed_quality,
+            safety_identifier=body.effective_safety_identifier,
+        )
+        return ValidGeneration(generation, response)
+
+    @staticmethod
+    def _diffusion(body: ImageRequest, request_id: str, dit: DitCapabilities, size: tuple[int, int]) -> DiffusionParams:
+        """The request's diffusion parameters (the DiT's defaults where it names none), checked
+        against the DiT's announced limits."""
+        defaults = dit.defaults
+        # A request without a seed gets one derived from its id: reproducible from the logs.
+        seed = body.seed if body.seed is not None else int.from_bytes(request_id.encode()[-6:], "big") % (2**31)
+        params = DiffusionParams(
+            width=size[0],
+            height=size[1],
+            num_inference_steps=body.num_inference_steps
+            or STEPS_BY_QUALITY.get(body.quality, defaults.num_inference_steps),
+            guidance_scale=float(body.guidance_scale if body.guidance_scale is not None else defaults.guidance_scale),
+            seed=seed,
+            num_images=body.n,
+            output_format=_output_format(body.output_format, dit),
+            output_compression=body.output_compression,
+            partial_images=body.partial_images if body.stream else 0,
+        )
+        dit.limits.check(params)
+        return params
+
+    def _prompt(self, name: StreamName, text: str, dit: DitCapabilities) -> BuiltPrompt:
+        """``text`` in the model's template, within the AR's and the DiT's token limits."""
+        prompt, param = self._prompts.build(text), PUBLIC_PARAM[name]
+        limit = self._settings.max_prompt_tokens
+        if len(prompt.token_ids) > limit:
+            raise _too_long(f"{param} is {len(prompt.token_ids)} tokens with the template; the limit is {limit}", param)
+        rows, most = len(prompt.token_ids) - prompt.prefix_tokens, dit.limits.max_conditioning_rows
+        if rows > most:
+            raise _too_long(f"{param} is {rows} tokens; the image model takes at most {most}", param)
+        return prompt
+
+
+def _output_format(requested: RequestedFormat, dit: DitCapabilities) -> OutputFormat:
+    for announced in dit.limits.output_formats:
+        if announced == requested:
+            return announced
+    raise _invalid(f"output_format {requested!r} is not supported here", "output_format", "unsupported_value")
+
+
+def _size(size: str, dit: DitCapabilities) -> tuple[int, int]:
+    width, height = parse_size(size)
+    with _public_errors():
+        dit.limits.check_size(width, height)
+    return width, height
+
+
+@contextmanager
+def _public_errors() -> Iterator[None]:
+    """The limits' refusal of a parameter (``InvalidDiffusionParams``) as the public API's 400."""
+    try:
+        yield
+    except InvalidDiffusionParams as exc:
+        param = exc.param or "prompt"
+        raise _invalid(exc.message, param, _CODE_BY_PARAM.get(param, "invalid_value")) from None
+
+
+def edit_strength(body: ImageEditRequest) -> float:
+    """``strength`` as given, else the one ``input_fidelity`` implies."""
+    return float(body.strength if body.strength is not None else STRENGTH_BY_FIDELITY[body.input_fidelity or "low"])
+
+
+def _invalid(message: str, param: str, code: str = "invalid_value") -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+def _too_long(message: str, param: str) -> ApiError:
+    return ApiError(400, message, param=param, code="context_length_exceeded")

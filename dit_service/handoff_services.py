@@ -1,0 +1,70 @@
+"""What serves handoffs once the model is loaded, built in one place from the settings and the model.
+
+``serve_model`` is what ``ModelState`` calls after the load: the announcement (capabilities), the
+open-frame policy, the conditioning adapters and the result stream over the renderer, plus a second
+renderer with throwaway metrics for the warm-up (which must not show up as served traffic).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry
+
+from dit_service.admission import AdmissionControl
+from dit_service.capabilities import dit_capabilities
+from dit_service.conditioning import ConditioningAdapters, ConditioningOptions
+from dit_service.image_encoder import ImageEncoder
+from dit_service.metrics import DitMetrics
+from dit_service.model import DitModel
+from dit_service.open_frame_policy import OpenFramePolicy
+from dit_service.render_scheduler import RenderScheduler
+from dit_service.renderer import Renderer
+from dit_service.result_stream import ResultStream
+from dit_service.settings import DitSettings
+from dit_service.vae_codec import VaeCodec
+from services.fatal import Fatal
+from shared.capabilities import DitCapabilities
+
+
+@dataclass(frozen=True)
+class HandoffServices:
+    """What serving a handoff needs once the model is loaded."""
+
+    capabilities: DitCapabilities
+    policy: OpenFramePolicy
+    adapters: ConditioningAdapters
+    results: ResultStream
+
+
+def serve_model(
+    settings: DitSettings, model: DitModel, metrics: DitMetrics, admission: AdmissionControl, fatal: Fatal
+) -> tuple[HandoffServices, Renderer]:
+    """The services over ``model``, and a renderer for the warm-up."""
+    vae, encoder = VaeCodec(model), ImageEncoder()
+    capabilities = dit_capabilities(settings, model)
+    options = ConditioningOptions(
+        special_token_ids=settings.special_token_ids,
+        image_token_start_id=settings.image_token_start_id,
+        max_sequence_length=settings.max_sequence_length,
+        pad_to_multiple=settings.pad_to_multiple,
+        dtype=model.facts.dtype,
+    )
+    adapters = ConditioningAdapters(options)
+    scheduler = RenderScheduler(
+        Renderer(model, vae, encoder, metrics),
+        admission.run_slots,
+        metrics,
+        max_batch_size=settings.batch_max_size,
+        window=settings.batch_window_ms / 1000,
+    )
+    results = ResultStream(
+        scheduler,
+        metrics,
+        fatal,
+        progress_interval=settings.progress_interval_seconds,
+        max_consecutive_failures=settings.max_consecutive_pipeline_failures,
+    )
+    policy = OpenFramePolicy(capabilities, adapters, settings.expected_model, settings.expected_final_norm)
+    warmup = Renderer(model, vae, encoder, DitMetrics(CollectorRegistry()))
+    return HandoffServices(capabilities, policy, adapters, results), warmup

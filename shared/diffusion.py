@@ -1,0 +1,59 @@
+"""What the DiT is asked to render (``DiffusionParams``), and every fact about it that the public
+API, the AR and the DiT share, each defined once here.
+
+The public request models (``ar_service/api/protocol.py``) and the DiT's settings derive their
+bounds and patterns from these; the limits a DiT announces (``shared/capabilities.py``) are checked
+against ``DiffusionParams`` by one function on both sides.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from shared.frame_types import PosInt, WireModel
+
+# Seeds are signed 64-bit: what JSON clients (OpenAPI ``int64``), msgpack and ``torch.Generator``
+# all hold. Image i of a request renders with seed + i, so seed + n - 1 must fit too.
+MAX_SEED = 2**63 - 1
+# Previews a request may ask for (OpenAI's ``partial_images`` bound).
+MAX_PARTIAL_IMAGES = 3
+# Images one request may ask for (OpenAI's ``n`` bound); a DiT may announce fewer.
+MAX_IMAGES = 10
+# The encoded image files a DiT may produce, with their media types.
+OutputFormat = Literal["png", "jpeg", "webp"]
+MEDIA_TYPES: dict[OutputFormat, str] = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp"}
+# ``WIDTHxHEIGHT`` in ASCII digits, at most 5 a side: no int() of a 4,300-digit or non-ASCII "digit" string.
+SIZE = r"[0-9]{1,5}x[0-9]{1,5}"
+SIZE_PATTERN = f"^{SIZE}$"
+_SIZE = re.compile(SIZE_PATTERN)
+
+
+def parse_size(size: str) -> tuple[int, int]:
+    """``"WIDTHxHEIGHT"`` → (width, height); ``ValueError`` for anything else."""
+    if not _SIZE.match(size):
+        raise ValueError(f"size {size!r} is not WIDTHxHEIGHT")
+    width, _, height = size.partition("x")
+    return int(width), int(height)
+
+
+class DiffusionParams(WireModel):
+    """What the DiT is asked to render. Ranges the model cannot do are the DiT's to reject
+    (``DiffusionLimits.check``)."""
+
+    width: PosInt
+    height: PosInt
+    num_inference_steps: PosInt
+    guidance_scale: float = Field(ge=0.0)
+    # Image i of the request renders with seed + i.
+    seed: Annotated[int, Field(ge=0, le=MAX_SEED)]
+    num_images: PosInt = 1
+    output_format: OutputFormat = "png"
+    output_compression: Annotated[int, Field(ge=0, le=100)] | None = None
+    partial_images: Annotated[int, Field(ge=0, le=MAX_PARTIAL_IMAGES)] = 0
+
+    @property
+    def size(self) -> str:
+        return f"{self.width}x{self.height}"

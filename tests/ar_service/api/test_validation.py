@@ -1,0 +1,186 @@
+"""Validation on its own, without an engine: a public request against the DiT's announced limits
+and the AR's own, into the one validated type the rest of the AR takes."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from typing import Any
+
+import PIL.Image
+import pytest
+
+from ar_service.api.edit_form import EditForm, Upload
+from ar_service.api.protocol import ImageEditRequest, ImageGenerationRequest
+from ar_service.api.validation import STRENGTH_BY_FIDELITY, RequestValidator, ValidGeneration, edit_strength
+from ar_service.prompt_builder import PromptBuilder
+from ar_service.settings import ArSettings
+from services.errors import ApiError
+from tests.conftest import require_checkpoint
+from tests.support.capabilities import DIT
+
+
+@pytest.fixture(scope="module")
+def validator() -> RequestValidator:
+    settings = ArSettings(max_new_tokens_limit=16)
+    prompts = PromptBuilder.from_model_dir(require_checkpoint(settings.model_dir), settings.prompt_template)
+    return RequestValidator(settings, prompts)
+
+
+@pytest.fixture
+def translate(validator):
+    def translate(**body: Any) -> ValidGeneration:
+        request = ImageGenerationRequest.model_validate({"prompt": "a red circle", **body})
+        return validator.generation(request, "req_1", 0.0, DIT)
+
+    return translate
+
+
+@pytest.fixture
+def refused(translate):
+    def refused(**body: Any) -> ApiError:
+        with pytest.raises(ApiError) as info:
+            translate(**body)
+        assert info.value.status == 400
+        return info.value
+
+    return refused
+
+
+def test_auto_size_steps_and_guidance_are_the_dits_defaults(translate):
+    gen = translate().generation
+    d = gen.diffusion
+    assert (d.width, d.height, d.num_inference_steps, d.guidance_scale) == (64, 48, 12, 1.0)
+    assert set(gen.prompts) == {"cond"}
+
+
+def test_the_prompt_travels_templated_with_its_prefix_counted(translate, validator):
+    prompt = translate().generation.prompts["cond"]
+    assert prompt.token_ids == validator.prompt_token_ids("a red circle") and 0 < prompt.prefix_tokens < len(
+        prompt.token_ids
+    )
+
+
+def test_quality_and_explicit_steps_choose_the_steps(translate):
+    assert translate(quality="low").generation.diffusion.num_inference_steps == 4
+    assert translate(quality="high", num_inference_steps=3).generation.diffusion.num_inference_steps == 3
+
+
+def test_guidance_over_one_or_a_negative_prompt_turn_on_cfg(translate, validator):
+    assert translate(guidance_scale=4.0).generation.prompts["uncond"].token_ids == validator.prompt_token_ids(" ")
+    assert translate(negative_prompt="blurry").generation.prompts["uncond"].token_ids == validator.prompt_token_ids(
+        "blurry"
+    )
+
+
+def test_an_unseeded_request_gets_a_seed_derived_from_its_id(translate):
+    assert translate().generation.diffusion.seed == translate().generation.diffusion.seed
+
+
+def test_partial_images_only_travel_when_streaming(translate):
+    assert translate(partial_images=2).generation.diffusion.partial_images == 0
+    assert translate(partial_images=2, stream=True).generation.diffusion.partial_images == 2
+
+
+def test_the_response_is_shaped_by_what_the_request_asked(translate):
+    options = translate(stream=True, response_format="url", quality="high", user="u").response
+    assert (options.event_prefix, options.stream, options.response_format) == ("image_generation", True, "url")
+    assert (options.quality, options.safety_identifier) == ("high", "u")
+    assert translate(quality="auto").response.quality is None
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "code"),
+    [
+        ({"size": "40x40"}, "size", "invalid_size"),
+        ({"size": "512x512"}, "size", "invalid_size"),
+        ({"size": "0x16"}, "size", "invalid_size"),
+        ({"n": 5}, "n", "invalid_value"),
+        ({"num_inference_steps": 1}, "num_inference_steps", "invalid_value"),
+        ({"num_inference_steps": 41}, "num_inference_steps", "invalid_value"),
+        ({"guidance_scale": 10.5}, "guidance_scale", "invalid_value"),
+        ({"output_format": "webp"}, "output_format", "unsupported_value"),
+        ({"output_compression": 50}, "output_compression", "invalid_value"),
+        ({"background": "transparent"}, "background", "unsupported_value"),
+        ({"max_new_tokens": 17}, "max_new_tokens", "invalid_value"),
+        ({"seed": 2**63 - 1, "n": 2}, "seed", "invalid_value"),
+        ({"prompt": "red " * 2000}, "prompt", "context_length_exceeded"),
+        ({"negative_prompt": "red " * 2000}, "negative_prompt", "context_length_exceeded"),
+        ({"model": "dall-e-3"}, "model", "model_not_found"),
+    ],
+)
+def test_what_cannot_be_served_is_refused_naming_the_public_param(translate, body, param, code):
+    with pytest.raises(ApiError) as info:
+        translate(**body)
+    assert (info.value.param, info.value.code) == (param, code)
+
+
+def test_a_prompt_over_the_dits_conditioning_rows_is_refused_before_any_work(translate):
+    # 64 rows is the test DiT's limit; the AR's own token limit (1024) is not reached.
+    with pytest.raises(ApiError) as info:
+        translate(prompt="red " * 100)
+    assert (info.value.param, info.value.code) == ("prompt", "context_length_exceeded")
+    assert "at most 64" in info.value.message
+
+
+def test_the_newest_fields_are_accepted_and_change_nothing_here(translate):
+    plain = translate(seed=1).generation
+    newest = translate(
+        seed=1,
+        safety_identifier="hash",
+        user="u",
+        moderation="low",
+        style="natural",
+        complexity="high",
+        frame_count=4,
+        frame_duration_ms=100,
+        svg={"model": "m", "reasoning": {"effort": "low"}},
+    ).generation
+    assert newest.diffusion == plain.diffusion and newest.prompts == plain.prompts
+
+
+@pytest.mark.parametrize("fmt", ["gif", "svg"])
+def test_output_formats_this_model_cannot_make_are_refused(refused, fmt):
+    error = refused(output_format=fmt)
+    assert (error.param, error.code) == ("output_format", "unsupported_value")
+
+
+def test_the_safety_identifier_echoed_is_openais_effective_one():
+    def effective(**body: Any) -> str | None:
+        return ImageGenerationRequest.model_validate({"prompt": "x", **body}).effective_safety_identifier
+
+    assert effective(safety_identifier="s", user="u") == "s"
+    assert effective(safety_identifier="", user="u") == "u"
+    assert effective() is None
+
+
+def edit_request(**body: Any) -> ImageEditRequest:
+    return ImageEditRequest.model_validate({"prompt": "x", **body})
+
+
+def test_edit_strength_is_given_or_follows_input_fidelity():
+    assert edit_strength(edit_request(strength=0.9, input_fidelity="high")) == 0.9
+    assert edit_strength(edit_request(input_fidelity="high")) == STRENGTH_BY_FIDELITY["high"]
+    assert edit_strength(edit_request()) == edit_strength(edit_request(input_fidelity="low")) == 0.6
+
+
+def png(width: int, height: int) -> bytes:
+    buffer = io.BytesIO()
+    PIL.Image.new("RGB", (width, height), (200, 10, 10)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def test_an_edit_takes_its_size_from_its_pixels(validator):
+    form = EditForm(edit_request(size="auto", n=2), [Upload("a.png", png(96, 32))], None)
+    valid = asyncio.run(validator.edit(form, "req_1", 0.0, DIT))
+    gen = valid.generation
+    assert (gen.diffusion.width, gen.diffusion.height, gen.diffusion.num_images) == (96, 32, 2)
+    assert gen.edit is not None and gen.edit.frames.keys() == {"image"} and len(gen.edit.frames["image"]) == 96 * 32 * 3
+    assert valid.response.event_prefix == "image_edit"
+
+
+def test_an_edit_of_several_images_is_refused_before_anything_else(validator):
+    form = EditForm(edit_request(), [Upload("a.png", b"a"), Upload("b.png", b"b")], None)
+    with pytest.raises(ApiError) as info:
+        asyncio.run(validator.edit(form, "req_1", 0.0, DIT))
+    assert (info.value.status, info.value.param, info.value.code) == (400, "image", "unsupported_value")

@@ -1,0 +1,80 @@
+"""A DiT's announced limits: merged across replicas field by field, and checked against a request."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.capabilities import DiffusionLimits, DitCapabilities
+from shared.diffusion import MAX_SEED, DiffusionParams
+from shared.errors import InvalidDiffusionParams
+from tests.support.capabilities import DIT
+
+LIMITS = DIT.limits
+
+
+def params(**overrides) -> DiffusionParams:
+    return DiffusionParams(
+        **{"width": 64, "height": 48, "num_inference_steps": 12, "guidance_scale": 1.0, "seed": 0} | overrides
+    )
+
+
+def test_the_common_limits_are_what_every_dit_can_do_each_field_by_its_own_rule():
+    other = LIMITS.model_copy(
+        update={
+            "size_multiple": 24,
+            "max_pixels": 4096,
+            "min_inference_steps": 4,
+            "max_inference_steps": 50,
+            "max_guidance_scale": 12.0,
+            "max_images": 1,
+            "max_conditioning_rows": 128,
+            "output_formats": ["jpeg", "webp"],
+        }
+    )
+    common = DiffusionLimits.common([LIMITS, other])
+    assert common == DiffusionLimits(
+        size_multiple=48,  # a multiple of both
+        max_pixels=4096,
+        min_inference_steps=4,
+        max_inference_steps=40,
+        max_guidance_scale=10.0,
+        max_images=1,
+        max_conditioning_rows=64,
+        output_formats=["jpeg"],
+    )
+
+
+def test_every_limit_field_declares_how_it_merges():
+    assert all(any(callable(m) for m in field.metadata) for field in DiffusionLimits.model_fields.values())
+
+
+def test_dits_that_agree_announce_themselves_and_others_the_tightest_limits():
+    assert DitCapabilities.common([DIT, DIT]) is DIT
+    tighter = DIT.model_copy(update={"limits": LIMITS.model_copy(update={"max_images": 1})})
+    common = DitCapabilities.common([DIT, tighter])
+    assert common.limits.max_images == 1 and common.model == DIT.model and common.defaults == DIT.defaults
+
+
+def test_a_request_within_the_limits_passes():
+    LIMITS.check(params())
+    LIMITS.check(params(width=256, height=256, num_inference_steps=40, num_images=4, guidance_scale=10.0))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "param"),
+    [
+        ({"width": 40}, "size"),
+        ({"width": 512, "height": 512}, "size"),
+        ({"num_inference_steps": 1}, "num_inference_steps"),
+        ({"num_inference_steps": 41}, "num_inference_steps"),
+        ({"num_images": 5}, "n"),
+        ({"seed": MAX_SEED, "num_images": 2}, "seed"),
+        ({"guidance_scale": 10.5}, "guidance_scale"),
+        ({"guidance_scale": float("inf")}, "guidance_scale"),
+        ({"output_format": "webp"}, "output_format"),
+    ],
+)
+def test_what_the_dit_cannot_render_exactly_is_refused_naming_the_public_parameter(overrides, param):
+    with pytest.raises(InvalidDiffusionParams) as refused:
+        LIMITS.check(params(**overrides))
+    assert refused.value.param == param and refused.value.status == 422
