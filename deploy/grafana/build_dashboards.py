@@ -1,19 +1,15 @@
 """The "ardit" Grafana dashboard, written in code with Grafana's own grafana-foundation-sdk.
 
-Two files come out of one definition:
+One file comes out of it, ``dashboards/ardit.json``: every query on a ``${datasource}`` variable
+(a Prometheus datasource, the default one unless chosen), so the same file is what docker-compose's
+Grafana provisions (its Prometheus is the default datasource) and what any other Grafana imports
+(Dashboards → New → Import). It has ``ar_instance``, ``dit_instance`` and ``model`` variables too
+(every instance by default). Why code and not hand-edited JSON: some forty panels; the SDK's builders
+are generated from Grafana's own schema for the Grafana version compose runs (11.6), so a panel option
+that does not exist does not type-check, and a layout is computed, not typed.
 
-- ``dashboards/ardit.json``: provisioned by docker-compose's Grafana, every query on ardit's
-  Prometheus datasource by its pinned uid (``ardit-prometheus``), so it loads with no import step;
-- ``importable/ardit.json``: the same dashboard for any other Grafana, with a ``${datasource}``
-  variable instead (Dashboards → New → Import, then pick a Prometheus datasource).
-
-Both have ``ar_instance``, ``dit_instance`` and ``model`` variables (every instance by default).
-Why code and not hand-edited JSON: two variants of ~40 panels would drift by hand; the SDK's
-builders are generated from Grafana's own schema for the Grafana version compose runs (11.6),
-so a panel option that does not exist does not type-check, and a layout is computed, not typed.
-
-    python deploy/grafana/build_dashboards.py          # rewrite both files
-    python deploy/grafana/build_dashboards.py --check  # exit 1 if a committed file is stale
+    python deploy/grafana/build_dashboards.py          # rewrite the file
+    python deploy/grafana/build_dashboards.py --check  # exit 1 if the committed file is stale
 
 tests/deploy/test_dashboards.py runs the check; tests/deploy/test_prometheus_scrape.py evaluates
 every query against a real Prometheus that scraped the running pair.
@@ -54,9 +50,8 @@ from grafana_foundation_sdk.models.dashboard import (
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
 GRAFANA = Path(__file__).resolve().parent
-PROVISIONED = GRAFANA / "dashboards" / "ardit.json"
-IMPORTABLE = GRAFANA / "importable" / "ardit.json"
-PROVISIONED_DATASOURCE = "ardit-prometheus"
+DASHBOARD = GRAFANA / "dashboards" / "ardit.json"
+DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
 
 # Label selectors of each source, narrowed by the dashboard's variables.
 AR = 'instance=~"$ar_instance"'
@@ -74,7 +69,7 @@ class Query:
 
 @dataclass(frozen=True)
 class Chart:
-    """One panel: what it shows (``description`` is also the README's line for it)."""
+    """One panel: what it shows (``description`` is also its line in docs/operating.md)."""
 
     title: str
     description: str
@@ -509,9 +504,9 @@ def _instances(name: str, label: str, family: str, datasource: DataSourceRef) ->
     )
 
 
-def build(datasource_uid: str) -> DashboardBuilder:
-    """The dashboard with every query on ``datasource_uid`` (``${datasource}``: the variable)."""
-    datasource = DataSourceRef(type_val="prometheus", uid=datasource_uid)
+def build() -> DashboardBuilder:
+    """The dashboard, every query on the ``datasource`` variable."""
+    datasource = DATASOURCE
     dashboard = (
         DashboardBuilder("ardit")
         .uid("ardit-overview")
@@ -522,9 +517,8 @@ def build(datasource_uid: str) -> DashboardBuilder:
         .refresh("10s")
         .time("now-30m", "now")
         .readonly()
+        .with_variable(DatasourceVariable("datasource").label("Prometheus").type("prometheus"))
     )
-    if datasource_uid == "${datasource}":
-        dashboard = dashboard.with_variable(DatasourceVariable("datasource").label("Prometheus").type("prometheus"))
     dashboard = (
         dashboard.with_variable(
             _instances("ar_instance", "AR instance", "label_values(ardit_ar_build_info, instance)", datasource)
@@ -551,25 +545,20 @@ def build(datasource_uid: str) -> DashboardBuilder:
     return dashboard
 
 
-def render(datasource_uid: str) -> str:
-    return JSONEncoder(sort_keys=True, indent=2).encode(build(datasource_uid).build()) + "\n"
-
-
-OUTPUTS = {PROVISIONED: PROVISIONED_DATASOURCE, IMPORTABLE: "${datasource}"}
+def render() -> str:
+    return JSONEncoder(sort_keys=True, indent=2).encode(build().build()) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--check", action="store_true", help="exit 1 if a committed dashboard differs")
+    parser.add_argument("--check", action="store_true", help="exit 1 if the committed dashboard differs")
     args = parser.parse_args(argv)
-    stale = [path for path, uid in OUTPUTS.items() if not path.exists() or path.read_text() != render(uid)]
     if args.check:
-        for path in stale:
-            print(f"{path} is stale: run python {Path(__file__).relative_to(GRAFANA.parents[1])}", file=sys.stderr)
+        stale = not DASHBOARD.exists() or DASHBOARD.read_text() != render()
+        if stale:
+            print(f"{DASHBOARD} is stale: run python {Path(__file__).relative_to(GRAFANA.parents[1])}", file=sys.stderr)
         return 1 if stale else 0
-    for path, uid in OUTPUTS.items():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(render(uid))
+    DASHBOARD.write_text(render())
     return 0
 
 

@@ -14,9 +14,7 @@ from types import ModuleType
 ROOT = Path(__file__).resolve().parents[2]
 GRAFANA = ROOT / "deploy" / "grafana"
 DASHBOARDS = GRAFANA / "dashboards"
-PROVISIONED = DASHBOARDS / "ardit.json"
-IMPORTABLE = GRAFANA / "importable" / "ardit.json"
-DATASOURCE = {"type": "prometheus", "uid": "ardit-prometheus"}
+DASHBOARD = DASHBOARDS / "ardit.json"
 DATASOURCE_VARIABLE = {"type": "prometheus", "uid": "${datasource}"}
 
 # As Prometheus stores them: counters end in _total, histograms are charted from _bucket.
@@ -94,7 +92,7 @@ def load_builder() -> ModuleType:
     return module
 
 
-def load(path: Path = PROVISIONED) -> dict:
+def load(path: Path = DASHBOARD) -> dict:
     return json.loads(path.read_text())
 
 

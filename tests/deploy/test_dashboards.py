@@ -1,7 +1,7 @@
-"""The Grafana dashboards load as shipped: both files are what deploy/grafana/build_dashboards.py
-generates, the provisioned one names the provisioned datasource by its pinned uid (no import step),
-the importable one a ``${datasource}`` variable; they chart what the operations issues asked for,
-and query only families the services export."""
+"""The Grafana dashboard loads as shipped: the file is what deploy/grafana/build_dashboards.py
+generates, every query is on a ``${datasource}`` variable that resolves to the provisioned (default)
+Prometheus in compose and is picked on import elsewhere; it charts what the operations issues asked
+for, and queries only families the services export."""
 
 from __future__ import annotations
 
@@ -15,11 +15,9 @@ from dit_service.metrics import DitMetrics
 from tests.deploy.dashboard import (
     CHARTED_FAMILIES,
     CUDA_ONLY_FAMILIES,
+    DASHBOARD,
     DASHBOARDS,
-    DATASOURCE,
     DATASOURCE_VARIABLE,
-    IMPORTABLE,
-    PROVISIONED,
     ROOT,
     VARIABLE,
     charts,
@@ -93,30 +91,18 @@ def test_every_chart_queries_prometheus_with_distinct_ids():
     assert all(ids) and len(ids) == len(set(ids))
 
 
-def test_provisioned_dashboard_uses_the_pinned_datasource_everywhere():
-    dashboard = load(PROVISIONED)
+def test_every_query_is_on_the_datasource_variable_a_prometheus_datasource():
+    dashboard = load()
+    chooser = variables(dashboard)["datasource"]
+    assert (chooser["type"], chooser["query"]) == ("datasource", "prometheus")
     references = list(walk(dashboard, "datasource"))
     assert len(references) == len(charts(dashboard)) + sum(
         1 for v in variables(dashboard).values() if v["type"] == "query"
     )
-    assert all(reference == DATASOURCE for reference in references)
-    assert "datasource" not in variables(dashboard)
-
-
-def test_importable_dashboard_asks_for_a_prometheus_datasource():
-    dashboard = load(IMPORTABLE)
-    chooser = variables(dashboard)["datasource"]
-    assert (chooser["type"], chooser["query"]) == ("datasource", "prometheus")
-    references = [reference for reference in walk(dashboard, "datasource") if isinstance(reference, dict)]
-    assert references and all(reference == DATASOURCE_VARIABLE for reference in references)
-    text = IMPORTABLE.read_text()
-    assert "__inputs" not in text and "${DS_" not in text and DATASOURCE["uid"] not in text
-
-
-def test_both_dashboards_chart_the_same_queries():
-    provisioned, importable = load(PROVISIONED), load(IMPORTABLE)
-    assert expressions(provisioned) == expressions(importable)
-    assert [p["title"] for p in provisioned["panels"]] == [p["title"] for p in importable["panels"]]
+    assert all(reference == DATASOURCE_VARIABLE for reference in references)
+    # Importable as it is: no import-time inputs, no datasource of one particular Grafana.
+    text = DASHBOARD.read_text()
+    assert "__inputs" not in text and "${DS_" not in text
 
 
 def test_queries_use_only_defined_variables_and_every_instance_variable_filters():
@@ -127,7 +113,8 @@ def test_queries_use_only_defined_variables_and_every_instance_variable_filters(
     assert used <= defined
     assert {"ar_instance", "dit_instance", "model"} <= used
     for variable in variables(dashboard).values():
-        assert variable["multi"] and variable["includeAll"] and variable["current"]["value"] == ["$__all"]
+        if variable["type"] == "query":
+            assert variable["multi"] and variable["includeAll"] and variable["current"]["value"] == ["$__all"]
 
 
 def test_charts_every_family_the_issues_ask_for():
@@ -150,10 +137,10 @@ def test_stats_are_instant_and_heatmaps_read_buckets():
             assert target["format"] == "heatmap" and "_bucket{" in target["expr"], panel["title"]
 
 
-def test_provisioned_datasource_is_the_one_the_dashboard_uses():
+def test_the_provisioned_prometheus_is_the_default_datasource_the_variable_resolves_to():
     config = yaml.safe_load((PROVISIONING / "datasources" / "prometheus.yml").read_text())
     (datasource,) = config["datasources"]
-    assert {"type": datasource["type"], "uid": datasource["uid"]} == DATASOURCE
+    assert datasource["type"] == DATASOURCE_VARIABLE["type"] and datasource["isDefault"] is True
     assert datasource["url"] == "http://prometheus:9090"
 
 
@@ -163,5 +150,4 @@ def test_dashboard_provider_reads_where_compose_mounts_the_dashboards():
     assert provider["type"] == "file"
     assert (ROOT / grafana_mount(provider["options"]["path"])).resolve() == DASHBOARDS
     assert (ROOT / grafana_mount("/etc/grafana/provisioning")).resolve() == PROVISIONING
-    # Only the provisioned copy is loaded: the importable one would be a second dashboard with the same uid.
     assert [path.name for path in DASHBOARDS.iterdir()] == ["ardit.json"]

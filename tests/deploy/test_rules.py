@@ -1,7 +1,8 @@
 """deploy/prometheus/rules: valid for promtool, every alert unit-tested (tests/deploy/rules_test.yml),
 every alert one signal against one threshold, and mounted where the shipped prometheus.yml looks.
 
-promtool comes with Debian's prometheus package (`make prometheus`; `make test` runs it first).
+promtool comes with Debian's prometheus package (`make prometheus`; `make test` runs it first): the tests
+that run it are slow ones, so `make test-fast` needs nothing but the venv.
 """
 
 from __future__ import annotations
@@ -27,12 +28,14 @@ def promtool(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([binary, *args], capture_output=True, text=True, timeout=120, cwd=UNIT_TESTS.parent)
 
 
+@pytest.mark.slow
 def test_rule_files_are_valid():
     assert RULE_FILES
     result = promtool("check", "rules", *map(str, RULE_FILES))
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.slow
 def test_alert_unit_tests_pass():
     result = promtool("test", "rules", UNIT_TESTS.name)
     assert result.returncode == 0, result.stdout + result.stderr
