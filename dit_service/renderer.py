@@ -186,6 +186,7 @@ class Renderer:
                     height=params.height,
                     width=params.width,
                     num_inference_steps=params.num_inference_steps,
+                    sigmas=params.sigmas,
                     generator=[torch.Generator("cpu").manual_seed(seed) for seed in seeds],
                     output_type="latent",
                     callback_on_step_end=callback,

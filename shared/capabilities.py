@@ -75,9 +75,9 @@ class DiffusionLimits(WireModel):
         self.check_size(params.width, params.height)
         steps, fewest, most = params.num_inference_steps, self.min_inference_steps, self.max_inference_steps
         if not fewest <= steps <= most:
-            raise InvalidDiffusionParams(
-                f"num_inference_steps {steps} is not within [{fewest}, {most}]", param="num_inference_steps"
-            )
+            # With a custom schedule the steps are its sigmas: the request named them there.
+            param = "num_inference_steps" if params.sigmas is None else "sigmas"
+            raise InvalidDiffusionParams(f"{steps} steps are not within [{fewest}, {most}]", param=param)
         if params.num_images > self.max_images:
             raise InvalidDiffusionParams(f"n {params.num_images} is over {self.max_images}", param="n")
         if params.seed + params.num_images - 1 > MAX_SEED:

@@ -8,10 +8,12 @@ against ``DiffusionParams`` by one function on both sides.
 
 from __future__ import annotations
 
+import itertools
+import math
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypeVar
 
-from pydantic import Field
+from pydantic import AfterValidator, Field, model_validator
 
 from shared.frame_types import PosInt, WireModel
 
@@ -29,6 +31,24 @@ MEDIA_TYPES: dict[OutputFormat, str] = {"png": "image/png", "jpeg": "image/jpeg"
 SIZE = r"[0-9]{1,5}x[0-9]{1,5}"
 SIZE_PATTERN = f"^{SIZE}$"
 _SIZE = re.compile(SIZE_PATTERN)
+
+
+# A custom noise schedule holds one sigma per step, at most this many (whatever a DiT's step limit).
+MAX_SIGMAS = 1000
+Number = TypeVar("Number", bound=float)
+
+
+def _schedule(sigmas: list[Number]) -> list[Number]:
+    """diffusers' ``sigmas``: strictly decreasing noise levels in (0, 1], one per step."""
+    if not all(math.isfinite(s) and 0 < s <= 1 for s in sigmas):
+        raise ValueError("every sigma is a noise level in (0, 1]")
+    if any(later >= earlier for earlier, later in itertools.pairwise(sigmas)):
+        raise ValueError("sigmas decrease strictly, from the noisiest step to the cleanest")
+    return sigmas
+
+
+# The one shape of a noise schedule; the public API parameterises it with its JSON number type.
+Sigmas = Annotated[list[Number], Field(min_length=1, max_length=MAX_SIGMAS), AfterValidator(_schedule)]
 
 
 def parse_size(size: str) -> tuple[int, int]:
@@ -53,6 +73,15 @@ class DiffusionParams(WireModel):
     output_format: OutputFormat = "png"
     output_compression: Annotated[int, Field(ge=0, le=100)] | None = None
     partial_images: Annotated[int, Field(ge=0, le=MAX_PARTIAL_IMAGES)] = 0
+    # A custom noise schedule (diffusers' ``sigmas``, before the scheduler's shift), one per step.
+    # Absent: the pipeline's own (a linear ramp from 1 to 1/steps).
+    sigmas: Sigmas[float] | None = None
+
+    @model_validator(mode="after")
+    def _one_sigma_per_step(self) -> DiffusionParams:
+        if self.sigmas is not None and len(self.sigmas) != self.num_inference_steps:
+            raise ValueError(f"{len(self.sigmas)} sigmas for {self.num_inference_steps} steps: one per step")
+        return self
 
     @property
     def size(self) -> str:

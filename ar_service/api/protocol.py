@@ -16,7 +16,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictStr
 
-from shared.diffusion import MAX_IMAGES, MAX_PARTIAL_IMAGES, MAX_SEED, SIZE, OutputFormat
+from shared.diffusion import MAX_IMAGES, MAX_PARTIAL_IMAGES, MAX_SEED, SIZE, OutputFormat, Sigmas
 
 Quality = Literal["auto", "low", "medium", "high", "xhigh", "max", "standard", "hd"]
 # What a request may name: the output formats, and OpenAI's two this model cannot produce.
@@ -123,6 +123,11 @@ class ImageRequest(_Request):
     )
     num_inference_steps: Annotated[Integer, Field(ge=1)] | None = Field(
         None, description="The schedule's length, within the DiT's announced range."
+    )
+    sigmas: Sigmas[Number] | None = Field(
+        None,
+        description="A custom noise schedule: strictly decreasing noise levels in (0, 1], one per step (diffusers' "
+        "`sigmas`, before the scheduler's shift); the number of steps is their count, within the DiT's range.",
     )
     guidance_scale: Annotated[Number, Field(ge=0.0)] | None = Field(
         None,

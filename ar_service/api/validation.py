@@ -153,17 +153,24 @@ class RequestValidator:
         defaults = dit.defaults
         # A request without a seed gets one derived from its id: reproducible from the logs.
         seed = body.seed if body.seed is not None else int.from_bytes(request_id.encode()[-6:], "big") % (2**31)
+        steps = body.num_inference_steps or STEPS_BY_QUALITY.get(body.quality, defaults.num_inference_steps)
+        if body.sigmas is not None:
+            if body.num_inference_steps not in (None, len(body.sigmas)):
+                raise _invalid(
+                    f"{len(body.sigmas)} sigmas for num_inference_steps {body.num_inference_steps}", "sigmas"
+                )
+            steps = len(body.sigmas)
         params = DiffusionParams(
             width=size[0],
             height=size[1],
-            num_inference_steps=body.num_inference_steps
-            or STEPS_BY_QUALITY.get(body.quality, defaults.num_inference_steps),
+            num_inference_steps=steps,
             guidance_scale=float(body.guidance_scale if body.guidance_scale is not None else defaults.guidance_scale),
             seed=seed,
             num_images=body.n,
             output_format=_output_format(body.output_format, dit),
             output_compression=body.output_compression,
             partial_images=body.partial_images if body.stream else 0,
+            sigmas=body.sigmas,
         )
         dit.limits.check(params)
         return params

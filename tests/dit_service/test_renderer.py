@@ -102,6 +102,26 @@ def test_images_are_bitwise_those_of_plain_diffusers(runner, reference_pipeline,
     assert np.array_equal(pixels(frame.data), (expected * 255).round().astype("uint8"))
 
 
+def test_a_custom_schedule_is_bitwise_what_plain_diffusers_renders_with_it(runner, reference_pipeline):
+    sigmas = [1.0, 0.8, 0.3]
+    [frame] = render(runner, RenderJob("r", conditioning(), params(num_inference_steps=3, sigmas=sigmas, seed=4)))
+    [default] = render(runner, RenderJob("r", conditioning(), params(num_inference_steps=3, seed=4)))
+    cond = conditioning()
+    expected = reference_pipeline(
+        prompt_embeds=cond.prompt_embeds,
+        prompt_embeds_mask=cond.prompt_embeds_mask,
+        true_cfg_scale=1.0,
+        height=32,
+        width=32,
+        num_inference_steps=3,
+        sigmas=sigmas,
+        generator=torch.Generator("cpu").manual_seed(4),
+        output_type="np",
+    ).images[0]
+    assert np.array_equal(pixels(frame.data), (expected * 255).round().astype("uint8"))
+    assert frame.data != default.data
+
+
 def test_cfg_changes_the_image(runner):
     [plain] = render(runner, RenderJob("r", conditioning(negative=True), params(guidance_scale=1.0)))
     [guided] = render(runner, RenderJob("r", conditioning(negative=True), params(guidance_scale=4.0)))

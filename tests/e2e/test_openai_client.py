@@ -57,6 +57,18 @@ def test_same_seed_same_bytes_other_seed_other_bytes(client):
     assert first != other
 
 
+def test_a_custom_noise_schedule_changes_the_picture_and_a_bad_one_is_a_400(client):
+    def run(**extra):
+        r = client.images.generate(prompt="a lighthouse at dusk", size="64x64", extra_body={"seed": 5, **extra})
+        return r.data[0].b64_json
+
+    assert run(sigmas=[1.0, 0.4]) != run(num_inference_steps=2)
+    with pytest.raises(openai.BadRequestError) as info:
+        run(sigmas=[0.4, 1.0])
+    refusal = info.value.body
+    assert isinstance(refusal, dict) and refusal["param"] == "sigmas"
+
+
 def test_extras_take_effect(client):
     base = client.images.generate(prompt="a teapot", size="64x64", extra_body={"seed": 5, **FAST})
     more_steps = client.images.generate(

@@ -78,3 +78,10 @@ def test_what_the_dit_cannot_render_exactly_is_refused_naming_the_public_paramet
     with pytest.raises(InvalidDiffusionParams) as refused:
         LIMITS.check(params(**overrides))
     assert refused.value.param == param and refused.value.status == 422
+
+
+def test_a_custom_schedule_is_checked_against_the_step_limits_naming_sigmas():
+    with pytest.raises(InvalidDiffusionParams) as refused:
+        LIMITS.check(params(num_inference_steps=1, sigmas=[0.5]))
+    assert refused.value.param == "sigmas"
+    LIMITS.check(params(num_inference_steps=3, sigmas=[1.0, 0.6, 0.2]))

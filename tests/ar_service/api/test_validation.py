@@ -9,6 +9,7 @@ from typing import Any
 
 import PIL.Image
 import pytest
+from pydantic import ValidationError
 
 from ar_service.api.edit_form import EditForm, Upload
 from ar_service.api.protocol import ImageEditRequest, ImageGenerationRequest
@@ -113,6 +114,32 @@ def test_what_cannot_be_served_is_refused_naming_the_public_param(translate, bod
     with pytest.raises(ApiError) as info:
         translate(**body)
     assert (info.value.param, info.value.code) == (param, code)
+
+
+def test_a_custom_schedule_sets_the_steps_and_travels_to_the_dit(translate):
+    d = translate(sigmas=[1.0, 0.7, 0.4, 0.1]).generation.diffusion
+    assert (d.num_inference_steps, d.sigmas) == (4, [1.0, 0.7, 0.4, 0.1])
+    assert translate(sigmas=[1.0, 0.5], num_inference_steps=2).generation.diffusion.num_inference_steps == 2
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"sigmas": [1.0, 0.5], "num_inference_steps": 3},  # not one per step
+        {"sigmas": [0.5]},  # one step: under the DiT's fewest (2)
+        {"sigmas": [1 - i / 50 for i in range(41)]},  # 41 steps: over the DiT's most (40)
+    ],
+)
+def test_a_schedule_the_dit_cannot_run_is_refused_naming_sigmas(translate, body):
+    with pytest.raises(ApiError) as info:
+        translate(**body)
+    assert (info.value.status, info.value.param) == (400, "sigmas")
+
+
+@pytest.mark.parametrize("sigmas", [[1.0, 1.0], [0.5, 0.9], [1.2, 0.5], ["1.0", "0.5"], []])
+def test_a_schedule_that_makes_no_sense_is_refused_by_the_model(sigmas):
+    with pytest.raises(ValidationError):
+        ImageGenerationRequest.model_validate({"prompt": "x", "sigmas": sigmas})
 
 
 def test_a_prompt_over_the_dits_conditioning_rows_is_refused_before_any_work(translate):

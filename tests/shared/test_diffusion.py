@@ -1,0 +1,40 @@
+"""What the DiT is asked to render, on its own: sizes parsed one way, a noise schedule that makes sense."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from shared.diffusion import MAX_SIGMAS, DiffusionParams, parse_size
+
+
+def params(**overrides) -> DiffusionParams:
+    base = {"width": 64, "height": 48, "num_inference_steps": 3, "guidance_scale": 1.0, "seed": 0}
+    return DiffusionParams(**(base | overrides))
+
+
+def test_sizes_are_width_x_height_in_ascii_digits():
+    assert parse_size("1328x1328") == (1328, 1328)
+    for size in ("auto", "64", "64x", "1e3x64", "\uff16\uff14x64", "123456x1"):
+        with pytest.raises(ValueError):
+            parse_size(size)
+
+
+def test_a_custom_schedule_has_one_strictly_decreasing_noise_level_in_0_1_per_step():
+    assert params(sigmas=[1.0, 0.5, 0.1]).sigmas == [1.0, 0.5, 0.1]
+    for sigmas in (
+        [1.0, 0.5],
+        [1.0, 0.5, 0.5],
+        [0.5, 1.0, 0.1],
+        [1.5, 0.5, 0.1],
+        [1.0, 0.5, 0.0],
+        [1.0, 0.5, float("nan")],
+    ):
+        with pytest.raises(ValidationError):
+            params(sigmas=sigmas)
+    with pytest.raises(ValidationError):
+        params(num_inference_steps=MAX_SIGMAS + 1, sigmas=[1 - i / (MAX_SIGMAS + 2) for i in range(MAX_SIGMAS + 1)])
+
+
+def test_without_a_schedule_the_wire_has_no_sigmas_key():
+    assert "sigmas" not in params().model_dump(exclude_none=True)
