@@ -8,7 +8,6 @@ from pydantic_settings import CliApp
 
 from ar_service.app import create_ar_app
 from ar_service.settings import ArSettings
-from services.fatal import Fatal
 from services.request_context import configure_logging
 from services.serve import serve
 from services.tracing import configure_tracing
@@ -22,8 +21,7 @@ def main() -> int:
     settings = CliApp.run(ArCli)
     configure_logging("ar", settings.log_level)
     configure_tracing("ar")
-    fatal = Fatal()
-    return serve(create_ar_app(settings, fatal=fatal), fatal, settings.host, settings.port)
+    return serve(create_ar_app(settings), settings.host, settings.port)
 
 
 if __name__ == "__main__":

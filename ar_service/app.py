@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from fastapi import FastAPI
-from prometheus_client import CollectorRegistry
 from starlette.types import ASGIApp
 
 from ar_service.admission import RequestAdmission
@@ -50,12 +49,9 @@ class ArRuntime:
     admission: RequestAdmission
 
 
-def create_ar_app(
-    settings: ArSettings, registry: CollectorRegistry | None = None, fatal: Fatal | None = None
-) -> FastAPI:
-    registry = registry if registry is not None else new_registry()
-    fatal = fatal if fatal is not None else Fatal()
-    metrics = ArMetrics.of_service(registry, settings)
+def create_ar_app(settings: ArSettings) -> FastAPI:
+    fatal = Fatal()
+    metrics = ArMetrics.of_service(new_registry(), settings)
     engine = HiddenStateEngine(settings)
     prompts = PromptBuilder.from_model_dir(settings.model_dir, settings.prompt_template)
     dits = DitPool.of_settings(settings, engine.shape.hidden_size)
@@ -86,11 +82,10 @@ def create_ar_app(
         "ardit AR service",
         lifespan=lifespan,
         readiness=readiness.probe,
-        registry=registry,
+        fatal=fatal,
         app_metrics=metrics.app,
         gate=lambda inner: _gate(inner, settings, metrics),
     )
-    app.state.fatal = fatal
     app.state.runtime = ArRuntime(settings, engine, prompts, dits, readiness, admission)
     app.include_router(build_router(serving, settings.sse_keepalive_seconds))
     admin_token = settings.admin_token.get_secret_value() if settings.admin_token else None

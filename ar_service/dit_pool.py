@@ -27,6 +27,7 @@ from ar_service.dit_peer import DitPeer
 from ar_service.handoff_body import HandoffBody
 from ar_service.handoff_client import (
     DitBusy,
+    DitNotReady,
     DitUnavailable,
     DitUnreachable,
     HandoffClient,
@@ -179,7 +180,7 @@ class DitPool:
 
 def _refused_before_rows(exc: DitBusy | DitUnavailable) -> bool:
     """Unreachable (nothing was sent) or an HTTP refusal (503/429) rather than a failure mid-render."""
-    return isinstance(exc, DitUnreachable | DitBusy) or exc.refused
+    return isinstance(exc, DitUnreachable | DitNotReady | DitBusy)
 
 
 async def _expand(target: str) -> list[str]:

@@ -37,25 +37,22 @@ PartialImageSink = Callable[[PartialImageFrame], Awaitable[None]]
 
 
 class HandoffFailed(Exception):
-    """The handoff did not produce images. ``reason`` labels the failure metric; ``rows_sent``
-    says whether a ``rows`` frame had gone out (from then on the handoff belongs to that DiT)."""
+    """The handoff did not produce images. ``reason`` labels the failure metric; ``retry_after`` is the
+    DiT's ``Retry-After``, when it sent one; ``rows_sent`` says whether a ``rows`` frame had gone out
+    (from then on the handoff belongs to that DiT)."""
 
     reason = "failed"
     rows_sent = False
 
-
-class DitUnavailable(HandoffFailed):
-    """The DiT cannot be reached, is not ready, or failed while rendering.
-
-    ``refused``: it answered with an error status before any result, rather than failing mid-render.
-    """
-
-    reason = "dit_unavailable"
-
-    def __init__(self, message: str, retry_after: str | None = None, *, refused: bool = False) -> None:
+    def __init__(self, message: str, *, retry_after: str | None = None) -> None:
         super().__init__(message)
         self.retry_after = retry_after
-        self.refused = refused
+
+
+class DitUnavailable(HandoffFailed):
+    """The DiT cannot be reached, is not ready, or failed while rendering."""
+
+    reason = "dit_unavailable"
 
 
 class DitUnreachable(DitUnavailable):
@@ -64,14 +61,16 @@ class DitUnreachable(DitUnavailable):
     reason = "dit_unreachable"
 
 
+class DitNotReady(DitUnavailable):
+    """The DiT answered 5xx before any result (not ready, shutting down): it took none of the handoff."""
+
+    reason = "dit_not_ready"
+
+
 class DitBusy(HandoffFailed):
     """The DiT is healthy but has no room for this handoff now (it answered 429)."""
 
     reason = "dit_busy"
-
-    def __init__(self, message: str, retry_after: str | None = None) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
 
 
 class DitRejected(HandoffFailed):
@@ -200,7 +199,7 @@ def _error_from(response: httpx.Response) -> HandoffFailed:
     message = error.get("message") or f"DiT answered {response.status_code}"
     retry_after = response.headers.get("retry-after")
     if response.status_code == 429:
-        return DitBusy(message, retry_after)
+        return DitBusy(message, retry_after=retry_after)
     if response.status_code >= 500:
-        return DitUnavailable(message, retry_after, refused=True)
+        return DitNotReady(message, retry_after=retry_after)
     return DitRejected(response.status_code, message, error.get("code"), error.get("param"))

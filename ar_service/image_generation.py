@@ -91,20 +91,13 @@ class GenerationResult:
     timings: dict[str, float]  # seconds, by stage
 
 
+@dataclass(frozen=True)
 class ImageGenerator:
-    def __init__(
-        self,
-        settings: ArSettings,
-        engine: HiddenStateEngine,
-        prompts: PromptBuilder,
-        dits: DitExchange,
-        metrics: ArMetrics,
-    ) -> None:
-        self._settings = settings
-        self._engine = engine
-        self._prompts = prompts
-        self._dits = dits
-        self._metrics = metrics
+    settings: ArSettings
+    engine: HiddenStateEngine
+    prompts: PromptBuilder
+    dits: DitExchange
+    metrics: ArMetrics
 
     async def generate(
         self, request: GenerationRequest, on_partial_image: PartialImageSink | None = None
@@ -124,23 +117,23 @@ class ImageGenerator:
         ) as span:
             body = HandoffBody(
                 HandoffEncoder(self._open_frame(request, engine_requests)),
-                {name: self._engine.run(r) for name, r in engine_requests.items()},
-                overlap=self._settings.overlap_handoff,
+                {name: self.engine.run(r) for name, r in engine_requests.items()},
+                overlap=self.settings.overlap_handoff,
                 received_at=request.received_at,
                 pixels=request.edit.frames if request.edit is not None else {},
             )
-            self._metrics.handoffs_in_flight.inc()
+            self.metrics.handoffs_in_flight.inc()
             try:
                 async with body:
-                    result = await self._dits.exchange(request.request_id, body, on_partial_image)
+                    result = await self.dits.exchange(request.request_id, body, on_partial_image)
             except (HandoffFailed, RowQueueOverflow) as exc:
                 reason = exc.reason if isinstance(exc, HandoffFailed) else ROW_BUFFER_OVERFLOW
                 log.warning("handoff failed (%s): %s", reason, exc)
-                self._metrics.handoff_failures.labels(reason=reason).inc()
+                self.metrics.handoff_failures.labels(reason=reason).inc()
                 span.set_attribute("ardit.handoff.failure_reason", reason)
                 raise
             finally:
-                self._metrics.handoffs_in_flight.dec()
+                self.metrics.handoffs_in_flight.dec()
             report = result.report
             span.set_attributes(
                 {"ardit.handoff.sent_bytes": report.bytes_sent, "ardit.handoff.sent_frames": report.frames_sent}
@@ -150,12 +143,12 @@ class ImageGenerator:
     def _open_frame(self, request: GenerationRequest, engine_requests: Mapping[StreamName, EngineRequest]) -> OpenFrame:
         return OpenFrame(
             request_id=request.request_id,
-            model=self._settings.model_dir.name,
-            conditioning=self._settings.conditioning,
-            dtype=wire_dtype(self._engine.dtype),
-            hidden_size=self._engine.shape.hidden_size,
-            layer=self._engine.layer,
-            final_norm=self._settings.final_norm,
+            model=self.settings.model_dir.name,
+            conditioning=self.settings.conditioning,
+            dtype=wire_dtype(self.engine.dtype),
+            hidden_size=self.engine.shape.hidden_size,
+            layer=self.engine.layer,
+            final_norm=self.settings.final_norm,
             streams={
                 name: StreamSpec(
                     prompt_tokens=len(prompt.token_ids),
@@ -179,7 +172,7 @@ class ImageGenerator:
             cache_creation_tokens=sum(f.cache_creation_tokens for f in finished),
         )
         ar = ArTimings.of(request.received_at, cond)
-        m = self._metrics
+        m = self.metrics
         m.handoff_sent_bytes.inc(report.bytes_sent)
         m.handoff_sent_frames.inc(report.frames_sent)
         m.handoff_latency_seconds.observe(report.handoff_latency)
@@ -197,5 +190,5 @@ class ImageGenerator:
             **{f"dit_{name}": seconds for name, seconds in result.done.timings.items()},
             "total": time.perf_counter() - request.received_at,
         }
-        revised = self._prompts.decode(cond.generated_token_ids) if request.max_new_tokens > 1 else None
+        revised = self.prompts.decode(cond.generated_token_ids) if request.max_new_tokens > 1 else None
         return GenerationResult(images=result.images, usage=usage, revised_prompt=revised, timings=timings)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import torch
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
@@ -22,7 +22,7 @@ from ar_service import __version__
 from ar_service.handoff_client import HandoffFailed
 from ar_service.settings import ArSettings
 from services.app_metrics import AppMetrics
-from services.metrics import HANDOFF_BUCKETS, LATENCY_BUCKETS, TOKEN_BUCKETS
+from services.metrics import HANDOFF_BUCKETS, LATENCY_BUCKETS, TOKEN_BUCKETS, Families
 
 # The reason a handoff failed: a HandoffFailed's ``reason``, or the AR's own row buffer overflowing.
 ROW_BUFFER_OVERFLOW = "row_buffer_overflow"
@@ -60,80 +60,45 @@ class VllmFamilies:
 class ArMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.app = AppMetrics(registry, "ar")
-        self.requests = Counter(
-            "ardit_ar_requests",
+        f = Families(registry, "ar")
+        self.requests = f.counter(
+            "requests",
             "Validated image requests by outcome (error: refused at admission or failed).",
-            ["status"],
-            registry=registry,
+            ("status",),
+            start=("ok", "error"),
         )
-        for status in ("ok", "error"):
-            self.requests.labels(status=status)
-        self.requests_in_flight = Gauge("ardit_ar_requests_in_flight", "Requests being served.", registry=registry)
-        self.requests_queued = Gauge("ardit_ar_requests_queued", "Requests waiting for a slot.", registry=registry)
-        self.queue_wait_seconds = Histogram(
-            "ardit_ar_queue_wait_seconds",
-            "Time a request waited for room at the DiT.",
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
+        self.requests_in_flight = f.gauge("requests_in_flight", "Requests being served.")
+        self.requests_queued = f.gauge("requests_queued", "Requests waiting for a slot.")
+        self.queue_wait_seconds = f.histogram(
+            "queue_wait_seconds", "Time a request waited for room at the DiT.", LATENCY_BUCKETS
         )
-        self.prompt_tokens = Counter("ardit_ar_prompt_tokens", "Prompt tokens (all streams).", registry=registry)
-        self.generated_tokens = Counter("ardit_ar_generated_tokens", "Generated tokens.", registry=registry)
-        self.cached_tokens = Counter(
-            "ardit_ar_cached_tokens", "Prompt tokens served from the prefix cache.", registry=registry
+        self.prompt_tokens = f.counter("prompt_tokens", "Prompt tokens (all streams).")
+        self.generated_tokens = f.counter("generated_tokens", "Generated tokens.")
+        self.cached_tokens = f.counter("cached_tokens", "Prompt tokens served from the prefix cache.")
+        self.cache_creation_tokens = f.counter("cache_creation_tokens", "Prompt tokens written into cache blocks.")
+        self.cached_tokens_per_request = f.histogram(
+            "request_cached_tokens", "Cached prompt tokens per request.", TOKEN_BUCKETS
         )
-        self.cache_creation_tokens = Counter(
-            "ardit_ar_cache_creation_tokens", "Prompt tokens written into cache blocks.", registry=registry
+        self.cache_creation_tokens_per_request = f.histogram(
+            "request_cache_creation_tokens", "Cache creation tokens per request.", TOKEN_BUCKETS
         )
-        self.cached_tokens_per_request = Histogram(
-            "ardit_ar_request_cached_tokens",
-            "Cached prompt tokens per request.",
-            buckets=TOKEN_BUCKETS,
-            registry=registry,
+        self.ttft_seconds = f.histogram(
+            "time_to_first_token_seconds", "HTTP request received to first generated token.", LATENCY_BUCKETS
         )
-        self.cache_creation_tokens_per_request = Histogram(
-            "ardit_ar_request_cache_creation_tokens",
-            "Cache creation tokens per request.",
-            buckets=TOKEN_BUCKETS,
-            registry=registry,
+        self.ar_seconds = f.histogram("engine_seconds", "Engine submission to last row.", LATENCY_BUCKETS)
+        self.request_seconds = f.histogram(
+            "request_seconds", "Whole image request, received to answered.", LATENCY_BUCKETS
         )
-        self.ttft_seconds = Histogram(
-            "ardit_ar_time_to_first_token_seconds",
-            "HTTP request received to first generated token.",
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
+        self.handoff_latency_seconds = f.histogram(
+            "handoff_latency_seconds", "AR's last row to the DiT holding the complete conditioning.", HANDOFF_BUCKETS
         )
-        self.ar_seconds = Histogram(
-            "ardit_ar_engine_seconds", "Engine submission to last row.", buckets=LATENCY_BUCKETS, registry=registry
+        self.handoff_sent_bytes = f.counter("handoff_sent_bytes", "Handoff bytes sent to the DiT.")
+        self.handoff_sent_frames = f.counter("handoff_sent_frames", "Handoff frames sent to the DiT.")
+        self.handoff_failures = f.counter(
+            "handoff_failures", "Handoffs that failed, by reason.", ("reason",), start=handoff_failure_reasons()
         )
-        self.request_seconds = Histogram(
-            "ardit_ar_request_seconds",
-            "Whole image request, received to answered.",
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
-        )
-        self.handoff_latency_seconds = Histogram(
-            "ardit_ar_handoff_latency_seconds",
-            "AR's last row to the DiT holding the complete conditioning.",
-            buckets=HANDOFF_BUCKETS,
-            registry=registry,
-        )
-        self.handoff_sent_bytes = Counter(
-            "ardit_ar_handoff_sent_bytes", "Handoff bytes sent to the DiT.", registry=registry
-        )
-        self.handoff_sent_frames = Counter(
-            "ardit_ar_handoff_sent_frames", "Handoff frames sent to the DiT.", registry=registry
-        )
-        self.handoff_failures = Counter(
-            "ardit_ar_handoff_failures", "Handoffs that failed, by reason.", ["reason"], registry=registry
-        )
-        for reason in handoff_failure_reasons():
-            self.handoff_failures.labels(reason=reason)
-        self.handoffs_in_flight = Gauge(
-            "ardit_ar_handoffs_in_flight", "Handoffs being streamed to the DiT.", registry=registry
-        )
-        self.build_info = Info(
-            "ardit_ar_build", "Version, model, dtype, device, conditioning, prefix caching.", registry=registry
-        )
+        self.handoffs_in_flight = f.gauge("handoffs_in_flight", "Handoffs being streamed to the DiT.")
+        self.build_info = f.info("build", "Version, model, dtype, device, conditioning, prefix caching.")
         self.vllm = VllmFamilies()
         registry.register(self.vllm)
 

@@ -12,6 +12,7 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.checkpoints import AR_MODEL, default_model_dir
+from services.settings import HandoffToken, LogLevel, NonNegative, Port, Positive, Seconds
 
 # Qwen-Image's own prompt template: the DiT was trained on the rows after its system prefix.
 QWEN_IMAGE_TEMPLATE = (
@@ -36,10 +37,10 @@ class ArSettings(BaseSettings):
         None, description="KV cache block size (None: the engine's default, 128 on CPU, 16 on GPU)."
     )
     enable_prefix_caching: bool = Field(True, description="Automatic prefix caching.")
-    kv_cache_bytes: Annotated[int, Field(gt=0)] = Field(512 << 20, description="KV cache size in bytes.")
-    max_model_len: Annotated[int, Field(gt=0)] = Field(8192, description="Longest prompt + generation.")
-    max_num_seqs: Annotated[int, Field(gt=0)] = Field(16, description="Sequences the engine schedules together.")
-    max_num_batched_tokens: Annotated[int, Field(gt=0)] | None = Field(
+    kv_cache_bytes: Positive = Field(512 << 20, description="KV cache size in bytes.")
+    max_model_len: Positive = Field(8192, description="Longest prompt + generation.")
+    max_num_seqs: Positive = Field(16, description="Sequences the engine schedules together.")
+    max_num_batched_tokens: Positive | None = Field(
         None, description="Tokens per engine step (chunked prefill chunk); None: vLLM's default."
     )
     compile: bool = Field(False, description="torch.compile the model (slow start on CPU; eager by default).")
@@ -65,79 +66,71 @@ class ArSettings(BaseSettings):
     # --- prompts ---------------------------------------------------------------------------------
     prompt_template: str = Field(QWEN_IMAGE_TEMPLATE, description="Python format string with one {} for the prompt.")
     default_negative_prompt: str = Field(" ", description="Negative prompt for CFG when the request gives none.")
-    max_new_tokens: Annotated[int, Field(ge=1)] = Field(
+    max_new_tokens: Positive = Field(
         1, description="Default generated tokens: 1 = encoder mode (Qwen-Image); more = AR generation (MammothModa2)."
     )
-    max_new_tokens_limit: Annotated[int, Field(ge=1)] = Field(
-        512, description="Largest max_new_tokens a request may ask."
-    )
-    max_prompt_tokens: Annotated[int, Field(ge=1)] = Field(
+    max_new_tokens_limit: Positive = Field(512, description="Largest max_new_tokens a request may ask.")
+    max_prompt_tokens: Positive = Field(
         1024, description="Longest templated prompt accepted (the DiT's max_sequence_length bounds what it uses)."
     )
     conditioning: Literal["qwen_image", "ar_generated"] = Field("qwen_image", description="DiT conditioning adapter.")
 
     # --- streaming and handoff -------------------------------------------------------------------
-    row_buffer_bytes: Annotated[int, Field(gt=0)] = Field(
+    row_buffer_bytes: Positive = Field(
         256 << 20, description="Rows a request may have waiting for the DiT before it is aborted."
     )
-    row_timeout_seconds: Annotated[float, Field(gt=0)] = Field(
-        300.0, description="Longest wait for the next rows from the engine."
-    )
+    row_timeout_seconds: Seconds = Field(300.0, description="Longest wait for the next rows from the engine.")
     overlap_handoff: bool = Field(True, description="Send rows while decoding (off: after the AR finishes).")
     dit_url: str = Field(
         "http://127.0.0.1:8001",
         description="DiT base URL(s), comma-separated; a DNS name is expanded to all its IPv4 addresses.",
     )
-    dit_resolve_seconds: Annotated[float, Field(gt=0)] = Field(
+    dit_resolve_seconds: Seconds = Field(
         5.0, description="How often DiT host names are resolved again (replicas come and go)."
     )
-    handoff_token: SecretStr | None = Field(
-        None,
-        validation_alias="ARDIT_HANDOFF_TOKEN",
-        description="Bearer token shared with the DiT (env ARDIT_HANDOFF_TOKEN).",
-    )
-    dit_timeout_seconds: Annotated[float, Field(gt=0)] = Field(
+    handoff_token: HandoffToken = None
+    dit_timeout_seconds: Seconds = Field(
         600.0, description="Longest whole handoff exchange with the DiT (rows out, images back)."
     )
-    dit_stall_timeout_seconds: Annotated[float, Field(gt=0)] = Field(
+    dit_stall_timeout_seconds: Seconds = Field(
         15.0,
         description="Longest silence from the DiT mid-exchange (it sends progress meanwhile): a frozen DiT fails fast.",
     )
-    dit_connect_timeout_seconds: Annotated[float, Field(gt=0)] = Field(5.0, description="DiT connect timeout.")
+    dit_connect_timeout_seconds: Seconds = Field(5.0, description="DiT connect timeout.")
 
     # --- public API ------------------------------------------------------------------------------
     host: str = Field("127.0.0.1", description="Bind address.")
-    port: Annotated[int, Field(ge=0, le=65535)] = Field(8000, description="Bind port.")
+    port: Port = Field(8000, description="Bind port.")
     api_keys: list[str] = Field(default_factory=list, description="Accepted bearer keys (JSON list); empty: no auth.")
     admin_token: SecretStr | None = Field(
         None, description="Enables /admin/* (prefix cache reset) with this bearer; unset or empty: no /admin/*."
     )
-    max_request_body_bytes: Annotated[int, Field(gt=0)] = Field(
+    max_request_body_bytes: Positive = Field(
         1 << 20, description="Largest request body (edits: the next setting); larger is a 413 before it is parsed."
     )
-    max_edit_body_bytes: Annotated[int, Field(gt=0)] = Field(
+    max_edit_body_bytes: Positive = Field(
         64 << 20,
         description="Largest /v1/images/edits body (images, mask, fields); held in memory while it is read.",
     )
-    max_edit_input_pixels: Annotated[int, Field(gt=0)] = Field(
+    max_edit_input_pixels: Positive = Field(
         4096 * 4096, description="Largest width*height of an uploaded image or mask, checked before decoding it."
     )
-    request_body_timeout_seconds: Annotated[float, Field(gt=0)] = Field(
+    request_body_timeout_seconds: Seconds = Field(
         10.0, description="A request body must arrive within this, or the answer is 408."
     )
-    max_queued_requests: Annotated[int, Field(ge=0)] = Field(
+    max_queued_requests: NonNegative = Field(
         256, description="Requests waiting for room at the DiT (in flight: what the DiT announces); beyond: 429."
     )
-    max_queue_wait_seconds: Annotated[float, Field(gt=0)] = Field(
+    max_queue_wait_seconds: Seconds = Field(
         120.0, description="Longest wait in the queue; a request that would wait longer is refused at once (429)."
     )
-    sse_keepalive_seconds: Annotated[float, Field(gt=0)] = Field(
+    sse_keepalive_seconds: Seconds = Field(
         10.0, description="Keep-alive comment interval on event streams, so proxies do not cut a silent render."
     )
-    image_store_size: Annotated[int, Field(ge=1)] = Field(256, description="Images kept for response_format=url.")
-    image_store_bytes: Annotated[int, Field(ge=1)] = Field(
+    image_store_size: Positive = Field(256, description="Images kept for response_format=url.")
+    image_store_bytes: Positive = Field(
         256 << 20, description="Bytes of images kept for response_format=url (the oldest go first)."
     )
-    image_ttl_seconds: Annotated[float, Field(gt=0)] = Field(600.0, description="How long a url image lives.")
+    image_ttl_seconds: Seconds = Field(600.0, description="How long a url image lives.")
     public_base_url: str | None = Field(None, description="Base of returned image URLs (None: from the request).")
-    log_level: str = Field("INFO", description="Root log level.")
+    log_level: LogLevel = "INFO"

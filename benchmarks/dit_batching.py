@@ -29,16 +29,20 @@ import paired
 
 paired.use_this_checkout()
 
-from services.checkpoints import default_model_dir  # noqa: E402
-from tests.dit_service.handoff_requests import complete_handoff, hidden_rows, params, post_handoff  # noqa: E402
-from tests.support.ports import free_port  # noqa: E402
+import torch  # noqa: E402
+
+from services.checkpoints import PLUMBING_DIT_MODEL, default_model_dir  # noqa: E402
+from shared.diffusion import DiffusionParams  # noqa: E402
+from shared.frames import OpenFrame, StreamSpec  # noqa: E402
+from shared.handoff_encoder import HandoffEncoder  # noqa: E402
+from shared.result_frames import HANDOFF_MEDIA_TYPE, ImageFrame, ResultReader  # noqa: E402
 
 TOKEN = "bench-token"
 ROWS = 24  # a short prompt's conditioning rows
 
 
 def start(model: Path, batch: int, window_ms: float, queue: int) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
+    port = paired.free_port()
     env = dict(
         os.environ,
         ARDIT_DIT_MODEL_DIR=str(model),
@@ -63,20 +67,38 @@ def start(model: Path, batch: int, window_ms: float, queue: int) -> tuple[subpro
         time.sleep(0.5)
 
 
+def handoff(seed: int, hidden: int, width: int, height: int, steps: int) -> bytes:
+    """A complete handoff of ROWS random rows, written with the contract's own encoder."""
+    rows = torch.randn(ROWS, hidden, generator=torch.Generator().manual_seed(seed))
+    token_ids = list(range(100, 100 + ROWS))
+    encoder = HandoffEncoder(
+        OpenFrame(
+            request_id=f"bench-{seed}-{time.monotonic_ns()}",
+            model="bench",
+            conditioning="qwen_image",
+            dtype="float32",
+            hidden_size=hidden,
+            layer=30,
+            final_norm=True,
+            streams={"cond": StreamSpec(prompt_tokens=ROWS, max_rows=ROWS, prefix_tokens=0)},
+            diffusion=DiffusionParams(
+                width=width, height=height, num_inference_steps=steps, guidance_scale=1.0, seed=seed
+            ),
+        )
+    )
+    parts = [*encoder.open_frame(), *encoder.rows("cond", 0, token_ids, rows)]
+    parts += encoder.close({"cond": token_ids}, {"cond": ROWS}, cached_tokens=0, cache_creation_tokens=0)
+    return b"".join(bytes(part) for part in parts)
+
+
 def one(url: str, seed: int, hidden: int, width: int, height: int, steps: int) -> float:
-    body = complete_handoff(
-        hidden_rows(ROWS, seed=seed, hidden=hidden),
-        diffusion=params(width=width, height=height, num_inference_steps=steps, seed=seed),
-        model="bench",
-        hidden=hidden,
-        request_id=f"bench-{seed}-{time.monotonic_ns()}",
-    )
+    body = handoff(seed, hidden, width, height, steps)
+    headers = {"authorization": f"Bearer {TOKEN}", "content-type": HANDOFF_MEDIA_TYPE}
     started = time.monotonic()
-    answer = post_handoff(
-        url, body, headers={"authorization": f"Bearer {TOKEN}", "content-type": "application/vnd.ardit.handoff+msgpack"}
-    )
-    if answer.status != 200 or not answer.images:
-        raise RuntimeError(f"the DiT answered {answer.status}: {answer.error}")
+    answer = httpx.post(f"{url}/v1/handoff", content=body, headers=headers, timeout=600)
+    frames = list(ResultReader().feed(answer.content)) if answer.status_code == 200 else []
+    if not any(isinstance(frame, ImageFrame) for frame in frames):
+        raise RuntimeError(f"the DiT answered {answer.status_code}: {answer.text[:200]}")
     return time.monotonic() - started
 
 
@@ -94,7 +116,7 @@ def burst(url: str, concurrency: int, images: int, hidden: int, width: int, heig
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", type=Path, default=default_model_dir("qwen-image-tiny"))
+    parser.add_argument("--model", type=Path, default=default_model_dir(PLUMBING_DIT_MODEL))
     parser.add_argument("--size", default="256x256")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=8)

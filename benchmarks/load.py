@@ -26,11 +26,9 @@ from collections import Counter
 from pathlib import Path
 
 import httpx
+import paired
 
 RESULTS = Path(__file__).parent / "results"
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from tests.support.ports import free_port  # noqa: E402
 
 
 def quantiles(values: list[float]) -> dict[str, float]:
@@ -74,7 +72,7 @@ def main() -> None:
     args = parser.parse_args()
     load_before = os.getloadavg()[0]
 
-    ar_port, dit_port = free_port(), free_port()
+    ar_port, dit_port = paired.free_port(), paired.free_port()
     env = dict(
         os.environ,
         ARDIT_AR_PORT=str(ar_port),

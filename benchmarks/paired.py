@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import platform
+import socket
 import statistics
 import sys
 from pathlib import Path
@@ -24,6 +25,13 @@ def use_this_checkout() -> None:
     """Import ar_service/dit_service/shared from this checkout, not from an installed copy."""
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
+
+
+def free_port() -> int:
+    """A free loopback port, for a server a benchmark starts."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def machine() -> dict:

@@ -44,8 +44,6 @@ paired.use_this_checkout()
 
 from load import server_timing  # noqa: E402
 
-from tests.support.ports import free_port  # noqa: E402
-
 STYLE = (
     "In the style of a late nineteenth century oil painting on heavy linen canvas, with thick impasto "
     "brushwork, warm umber underpainting showing through thin glazes, soft diffused window light from the "
@@ -138,7 +136,7 @@ class Server:
 
 
 def start_ardit() -> Server:
-    ar_port, dit_port = free_port(), free_port()
+    ar_port, dit_port = paired.free_port(), paired.free_port()
     env = os.environ | {
         "ARDIT_AR_PORT": str(ar_port),
         "ARDIT_DIT_PORT": str(dit_port),
@@ -152,7 +150,7 @@ def start_ardit() -> Server:
 
 
 def start_peer() -> Server:
-    port = free_port()
+    port = paired.free_port()
     process = subprocess.Popen(
         [sys.executable, str(Path(__file__).with_name("peer_server.py")), "--port", str(port)],
         cwd=paired.REPO,

@@ -8,7 +8,6 @@ import torch
 
 from dit_service.app import create_dit_app
 from dit_service.settings import DitSettings
-from services.fatal import Fatal
 from services.request_context import configure_logging
 from services.serve import serve
 from services.tracing import configure_tracing
@@ -20,8 +19,7 @@ def main() -> int:
     configure_tracing("dit")
     if settings.torch_threads is not None:
         torch.set_num_threads(settings.torch_threads)
-    fatal = Fatal()
-    return serve(create_dit_app(settings, fatal=fatal), fatal, settings.host, settings.port)
+    return serve(create_dit_app(settings), settings.host, settings.port)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ import functools
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
-from prometheus_client import CollectorRegistry
 
 from dit_service.admission import AdmissionControl
 from dit_service.handoff_endpoint import HANDOFF_PATH, HandoffEndpoint
@@ -29,12 +28,9 @@ from services.metrics import new_registry
 from shared.row_buffer_pool import RowBufferPool
 
 
-def create_dit_app(
-    settings: DitSettings, registry: CollectorRegistry | None = None, fatal: Fatal | None = None
-) -> FastAPI:
-    registry = registry if registry is not None else new_registry()
-    fatal = fatal if fatal is not None else Fatal()
-    metrics = DitMetrics.of_service(registry, settings)
+def create_dit_app(settings: DitSettings) -> FastAPI:
+    fatal = Fatal()
+    metrics = DitMetrics.of_service(new_registry(), settings)
     admission = AdmissionControl(
         max_handoffs=settings.max_concurrent_handoffs,
         max_runs=settings.max_pipeline_runs,
@@ -60,11 +56,10 @@ def create_dit_app(
         "ardit DiT service",
         lifespan=lifespan,
         readiness=state.readiness,
-        registry=registry,
+        fatal=fatal,
         app_metrics=metrics.app,
         untraced_paths=(HANDOFF_PATH,),
     )
-    app.state.fatal = fatal
     pool = RowBufferPool(settings.idle_row_buffer_bytes) if settings.idle_row_buffer_bytes else None
     intake = HandoffIntake(
         settings.assembly_caps,

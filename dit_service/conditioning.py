@@ -15,7 +15,7 @@ from typing import ClassVar
 
 import torch
 
-from dit_service.errors import ConditioningMismatch, EmptyConditioning, PromptTooLong
+from shared.errors import ConditioningMismatch, EmptyConditioning, PromptTooLong
 from shared.frames import PUBLIC_PARAM, StreamName
 from shared.handoff_assembler import AssembledHandoff, AssembledStream
 

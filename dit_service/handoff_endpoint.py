@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from fastapi import FastAPI, Request, Response
 from starlette.requests import ClientDisconnect
@@ -37,20 +38,13 @@ def api_error_for(exc: HandoffError) -> ApiError:
     return ApiError(exc.status, exc.message, code=exc.code, type="handoff_error", param=exc.param)
 
 
+@dataclass(frozen=True)
 class HandoffEndpoint:
-    def __init__(
-        self,
-        auth: BearerAuth,
-        admission: AdmissionControl,
-        intake: HandoffIntake,
-        services: Callable[[], HandoffServices],
-        metrics: DitMetrics,
-    ) -> None:
-        self._auth = auth
-        self._admission = admission
-        self._intake = intake
-        self._services = services
-        self._metrics = metrics
+    auth: BearerAuth
+    admission: AdmissionControl
+    intake: HandoffIntake
+    services: Callable[[], HandoffServices]
+    metrics: DitMetrics
 
     def mount(self, app: FastAPI) -> None:
         """Serve this endpoint at ``HANDOFF_PATH`` (documented in the DiT's OpenAPI)."""
@@ -75,24 +69,24 @@ class HandoffEndpoint:
         try:
             return await self._handle(request, started)
         except ApiError:
-            self._metrics.request_seconds.observe(time.monotonic() - started)
+            self.metrics.request_seconds.observe(time.monotonic() - started)
             raise
 
     async def _handle(self, request: Request, started: float) -> Response:
         first_byte_ns = time.time_ns()
-        if not self._auth.enabled:
+        if not self.auth.enabled:
             # Fail closed: an unconfigured receiver must not accept hidden states from anyone.
             raise ApiError(
                 503, "the handoff token (ARDIT_HANDOFF_TOKEN) is not configured", code="handoff_auth_not_configured"
             )
-        self._auth.check(request.headers.get("authorization"))
+        self.auth.check(request.headers.get("authorization"))
         media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if media_type != HANDOFF_MEDIA_TYPE:
             raise ApiError(
                 415, f"content-type must be {HANDOFF_MEDIA_TYPE}", code="unsupported_media_type", param="content-type"
             )
-        services = self._services()
-        with self._admission.handoff_slot():
+        services = self.services()
+        with self.admission.handoff_slot():
             try:
                 frame, conditioning, edit = await self._receive(request, services)
             except HandoffError as exc:
@@ -100,7 +94,7 @@ class HandoffEndpoint:
             except ClientDisconnect:
                 # Nobody is left to answer; the intake already released the rows and counted it.
                 return Response(status_code=499)
-            ticket = self._admission.run_ticket()
+            ticket = self.admission.run_ticket()
         job = RenderJob(
             request_id=frame.request_id,
             conditioning=conditioning,
@@ -114,7 +108,7 @@ class HandoffEndpoint:
         self, request: Request, services: HandoffServices
     ) -> tuple[OpenFrame, Conditioning, EditInput | None]:
         # Kept in its own frame so no reference to the row buffer outlives the intake block.
-        async with self._intake.receive(request.stream(), services.policy.check) as handoff:
+        async with self.intake.receive(request.stream(), services.policy.check) as handoff:
             adapter = services.adapters.get(handoff.open.conditioning)
             edit = EditInput.of(handoff.edit) if handoff.edit is not None else None
             return handoff.open, adapter.select(handoff), edit

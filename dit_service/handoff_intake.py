@@ -15,13 +15,13 @@ import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing, asynccontextmanager
+from dataclasses import dataclass
 
 from prometheus_client import Gauge
 from starlette.requests import ClientDisconnect
 
-from dit_service.errors import HandoffDeadlineExceeded, HandoffStalled
 from dit_service.metrics import CLIENT_DISCONNECTED, DitMetrics
-from shared.errors import HandoffError
+from shared.errors import HandoffDeadlineExceeded, HandoffError, HandoffStalled
 from shared.frame_codec import FrameLimits
 from shared.frames import OpenFrame
 from shared.handoff_assembler import AssembledHandoff, AssemblyCaps, HandoffReceiver
@@ -44,28 +44,20 @@ class _BufferAccount:
         self._counted = allocated
 
 
+@dataclass(frozen=True)
 class HandoffIntake:
-    def __init__(
-        self,
-        caps: AssemblyCaps,
-        limits: FrameLimits,
-        stall_timeout: float,
-        deadline: float,
-        metrics: DitMetrics,
-        pool: RowBufferPool | None = None,
-    ) -> None:
-        self._caps = caps
-        self._limits = limits
-        self._pool = pool
-        self._stall_timeout = stall_timeout
-        self._deadline = deadline
-        self._metrics = metrics
+    caps: AssemblyCaps
+    limits: FrameLimits
+    stall_timeout: float
+    deadline: float
+    metrics: DitMetrics
+    pool: RowBufferPool | None
 
     @asynccontextmanager
     async def receive(self, chunks: AsyncIterator[bytes], check_open: OpenCheck) -> AsyncIterator[AssembledHandoff]:
         """Yields the complete handoff; its rows are released when the block exits."""
-        receiver = HandoffReceiver(self._caps, self._limits, self._pool)
-        account = _BufferAccount(self._metrics.handoff_buffer_bytes)
+        receiver = HandoffReceiver(self.caps, self.limits, self.pool)
+        account = _BufferAccount(self.metrics.handoff_buffer_bytes)
         try:
             handoff = await self._assemble(receiver, account, chunks, check_open)
             try:
@@ -77,13 +69,13 @@ class HandoffIntake:
         finally:
             receiver.assembler.release()
             account.set(0)
-            if self._pool is not None:
-                self._metrics.handoff_buffer_idle_bytes.set(self._pool.idle_bytes)
+            if self.pool is not None:
+                self.metrics.handoff_buffer_idle_bytes.set(self.pool.idle_bytes)
 
     async def _assemble(
         self, receiver: HandoffReceiver, account: _BufferAccount, chunks: AsyncIterator[bytes], check_open: OpenCheck
     ) -> AssembledHandoff:
-        metrics = self._metrics
+        metrics = self.metrics
         started = time.monotonic()
         metrics.handoffs_in_flight.inc()
         try:
@@ -115,24 +107,24 @@ class HandoffIntake:
     def _failed(self, reason: str, message: str) -> None:
         # The log line carries the request id (x-request-id, set by the AR) through the log filter.
         log.warning("handoff failed (%s): %s", reason, message)
-        self._metrics.handoff_failures.labels(reason).inc()
+        self.metrics.handoff_failures.labels(reason).inc()
 
     async def _paced(self, chunks: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
         """The body's chunks, ending the handoff when none arrives within the stall timeout or
         the whole body has not arrived within the deadline."""
         iterator = aiter(chunks)
-        deadline = time.monotonic() + self._deadline
+        deadline = time.monotonic() + self.deadline
         while True:
             left = deadline - time.monotonic()
             try:
                 # asyncio.timeout, not wait_for: no task per chunk (a 42 MB body is ~170 chunks).
-                async with asyncio.timeout(min(self._stall_timeout, max(0.0, left))):
+                async with asyncio.timeout(min(self.stall_timeout, max(0.0, left))):
                     chunk = await anext(iterator)
             except StopAsyncIteration:
                 return
             except TimeoutError:
-                if left <= self._stall_timeout:
-                    raise HandoffDeadlineExceeded(f"the handoff took over {self._deadline:g} s; ended") from None
-                raise HandoffStalled(f"no bytes for {self._stall_timeout:g} s; handoff ended") from None
+                if left <= self.stall_timeout:
+                    raise HandoffDeadlineExceeded(f"the handoff took over {self.deadline:g} s; ended") from None
+                raise HandoffStalled(f"no bytes for {self.stall_timeout:g} s; handoff ended") from None
             if chunk:
                 yield chunk

@@ -13,13 +13,12 @@ from contextlib import asynccontextmanager
 from typing import get_args
 
 import torch
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client import CollectorRegistry, Gauge
 
-import dit_service.errors  # noqa: F401  (defines the DiT's own HandoffError kinds, whose codes are reasons)
 from dit_service import __version__
 from dit_service.settings import DitSettings
 from services.app_metrics import AppMetrics
-from services.metrics import LATENCY_BUCKETS, PIXEL_BUCKETS
+from services.metrics import LATENCY_BUCKETS, PIXEL_BUCKETS, Families
 from shared.diffusion import OutputFormat
 from shared.errors import HandoffError
 
@@ -29,7 +28,7 @@ PIPELINE_FAILURE_REASONS = ("error", CLIENT_DISCONNECTED)
 
 
 def handoff_failure_reasons() -> list[str]:
-    """Every HandoffError's code (the DiT's own included) and a sender that went away."""
+    """Every HandoffError's code and a sender that went away."""
     kinds: list[type[HandoffError]] = [HandoffError]
     for kind in kinds:
         kinds.extend(kind.__subclasses__())
@@ -50,88 +49,53 @@ async def waiting_for(slots: asyncio.Semaphore, waiting: Gauge) -> AsyncIterator
 class DitMetrics:
     def __init__(self, registry: CollectorRegistry, cuda_device: torch.device | None = None) -> None:
         self.app = AppMetrics(registry, "dit")
-        self.handoffs_in_flight = Gauge(
-            "ardit_dit_handoffs_in_flight", "Handoffs whose frames are being received.", registry=registry
-        )
-        self.handoff_received_bytes = Counter(
-            "ardit_dit_handoff_received_bytes", "Handoff body bytes received.", registry=registry
-        )
-        self.handoff_received_frames = Counter(
-            "ardit_dit_handoff_received_frames", "Handoff frames parsed.", registry=registry
-        )
-        self.handoff_failures = Counter(
-            "ardit_dit_handoff_failures",
+        f = Families(registry, "dit")
+        self.handoffs_in_flight = f.gauge("handoffs_in_flight", "Handoffs whose frames are being received.")
+        self.handoff_received_bytes = f.counter("handoff_received_bytes", "Handoff body bytes received.")
+        self.handoff_received_frames = f.counter("handoff_received_frames", "Handoff frames parsed.")
+        self.handoff_failures = f.counter(
+            "handoff_failures",
             "Handoffs that ended without a complete, accepted stream, by reason (the error code).",
-            ["reason"],
-            registry=registry,
+            ("reason",),
+            start=handoff_failure_reasons(),
         )
-        for reason in handoff_failure_reasons():
-            self.handoff_failures.labels(reason)
-        self.handoff_receive_seconds = Histogram(
-            "ardit_dit_handoff_receive_seconds",
-            "From the first byte of a handoff to its accepted close.",
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
+        self.handoff_receive_seconds = f.histogram(
+            "handoff_receive_seconds", "From the first byte of a handoff to its accepted close.", LATENCY_BUCKETS
         )
-        self.handoff_buffer_bytes = Gauge(
-            "ardit_dit_handoff_buffer_bytes", "Row-buffer bytes currently allocated by handoffs.", registry=registry
+        self.handoff_buffer_bytes = f.gauge("handoff_buffer_bytes", "Row-buffer bytes currently allocated by handoffs.")
+        self.handoff_buffer_idle_bytes = f.gauge(
+            "handoff_buffer_idle_bytes", "Released row buffers kept warm for reuse."
         )
-        self.handoff_buffer_idle_bytes = Gauge(
-            "ardit_dit_handoff_buffer_idle_bytes", "Released row buffers kept warm for reuse.", registry=registry
-        )
-        self.pipeline_queue_depth = Gauge(
-            "ardit_dit_pipeline_queue_depth", "Completed handoffs waiting for a pipeline run.", registry=registry
-        )
-        self.pipeline_queue_capacity = Gauge(
-            "ardit_dit_pipeline_queue_capacity",
+        self.pipeline_queue_depth = f.gauge("pipeline_queue_depth", "Completed handoffs waiting for a pipeline run.")
+        self.pipeline_queue_capacity = f.gauge(
+            "pipeline_queue_capacity",
             "Completed handoffs that may wait for a pipeline run (ARDIT_DIT_PIPELINE_QUEUE_SIZE).",
-            registry=registry,
         )
-        self.queue_wait_seconds = Histogram(
-            "ardit_dit_queue_wait_seconds", "Wait for a pipeline slot.", buckets=LATENCY_BUCKETS, registry=registry
-        )
-        self.denoise_seconds = Histogram(
-            "ardit_dit_denoise_seconds", "Denoising loop per image.", buckets=LATENCY_BUCKETS, registry=registry
-        )
-        self.denoise_step_seconds = Histogram(
-            "ardit_dit_denoise_step_seconds",
+        self.queue_wait_seconds = f.histogram("queue_wait_seconds", "Wait for a pipeline slot.", LATENCY_BUCKETS)
+        self.denoise_seconds = f.histogram("denoise_seconds", "Denoising loop per image.", LATENCY_BUCKETS)
+        self.denoise_step_seconds = f.histogram(
+            "denoise_step_seconds",
             "One denoising step (previews excluded; an image's first step includes the pipeline's set-up).",
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
+            LATENCY_BUCKETS,
         )
-        self.vae_decode_seconds = Histogram(
-            "ardit_dit_vae_decode_seconds", "VAE decode per image.", buckets=LATENCY_BUCKETS, registry=registry
+        self.vae_decode_seconds = f.histogram("vae_decode_seconds", "VAE decode per image.", LATENCY_BUCKETS)
+        self.encode_seconds = f.histogram("encode_seconds", "Image file encoding per image.", LATENCY_BUCKETS)
+        self.request_seconds = f.histogram(
+            "request_seconds", "Whole /v1/handoff exchange, first byte to last result frame.", LATENCY_BUCKETS
         )
-        self.encode_seconds = Histogram(
-            "ardit_dit_encode_seconds", "Image file encoding per image.", buckets=LATENCY_BUCKETS, registry=registry
+        self.images = f.counter(
+            "images", "Final images produced, by format.", ("format",), start=get_args(OutputFormat)
         )
-        self.request_seconds = Histogram(
-            "ardit_dit_request_seconds",
-            "Whole /v1/handoff exchange, first byte to last result frame.",
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
-        )
-        self.images = Counter("ardit_dit_images", "Final images produced, by format.", ["format"], registry=registry)
-        for output_format in get_args(OutputFormat):
-            self.images.labels(output_format)
-        self.image_pixels = Histogram(
-            "ardit_dit_image_pixels",
-            "Size of each final image, width x height.",
-            buckets=PIXEL_BUCKETS,
-            registry=registry,
-        )
-        self.pipeline_runs_in_flight = Gauge(
-            "ardit_dit_pipeline_runs_in_flight", "Pipeline runs executing now.", registry=registry
-        )
-        self.pipeline_failures = Counter(
-            "ardit_dit_pipeline_failures",
+        self.image_pixels = f.histogram("image_pixels", "Size of each final image, width x height.", PIXEL_BUCKETS)
+        self.pipeline_runs_in_flight = f.gauge("pipeline_runs_in_flight", "Pipeline runs executing now.")
+        self.pipeline_failures = f.counter(
+            "pipeline_failures",
             "Pipeline runs that did not finish, by reason (error, client_disconnected).",
-            ["reason"],
-            registry=registry,
+            ("reason",),
+            start=PIPELINE_FAILURE_REASONS,
         )
-        for reason in PIPELINE_FAILURE_REASONS:
-            self.pipeline_failures.labels(reason)
-        # Declared always (the README lists them), exported only when the pipeline is on CUDA.
+        self.build_info = f.info("build", "Version, model tag, dtype and device.")
+        # Declared always (docs/operating.md lists them), exported only when the pipeline is on CUDA.
         self.gpu_memory_allocated_bytes = Gauge(
             "ardit_dit_gpu_memory_allocated_bytes",
             "GPU memory held by the pipeline's tensors (CUDA only).",
@@ -143,11 +107,13 @@ class DitMetrics:
             registry=None,
         )
         if cuda_device is not None and cuda_device.type == "cuda":
-            self.gpu_memory_allocated_bytes.set_function(lambda: torch.cuda.memory_allocated(cuda_device))
-            self.gpu_memory_reserved_bytes.set_function(lambda: torch.cuda.memory_reserved(cuda_device))
-            registry.register(self.gpu_memory_allocated_bytes)
-            registry.register(self.gpu_memory_reserved_bytes)
-        self.build_info = Info("ardit_dit_build", "Version, model tag, dtype and device.", registry=registry)
+            self._export_gpu_memory(registry, cuda_device)
+
+    def _export_gpu_memory(self, registry: CollectorRegistry, device: torch.device) -> None:
+        self.gpu_memory_allocated_bytes.set_function(lambda: torch.cuda.memory_allocated(device))
+        self.gpu_memory_reserved_bytes.set_function(lambda: torch.cuda.memory_reserved(device))
+        registry.register(self.gpu_memory_allocated_bytes)
+        registry.register(self.gpu_memory_reserved_bytes)
 
     @classmethod
     def of_service(cls, registry: CollectorRegistry, settings: DitSettings) -> DitMetrics:

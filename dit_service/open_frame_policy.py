@@ -11,9 +11,8 @@ parameters (``size``, ``n``, ...), so the AR can pass them through unchanged.
 from __future__ import annotations
 
 from dit_service.conditioning import ConditioningAdapter, ConditioningAdapters
-from dit_service.errors import ConditioningMismatch
 from shared.capabilities import DitCapabilities
-from shared.errors import InvalidDiffusionParams
+from shared.errors import ConditioningMismatch, InvalidDiffusionParams
 from shared.frames import PUBLIC_PARAM, OpenFrame
 
 

@@ -29,46 +29,38 @@ class _Waiting:
     outcome: asyncio.Future[RunOutcome] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
+@dataclass
 class RenderScheduler:
-    def __init__(
-        self,
-        renderer: Renderer,
-        run_slots: asyncio.Semaphore,
-        metrics: DitMetrics,
-        *,
-        max_batch_size: int,
-        window: float,
-    ) -> None:
-        self._renderer = renderer
-        self._run_slots = run_slots
-        self._metrics = metrics
-        self._max_batch = max_batch_size
-        self._window = window
-        self._waiting: deque[_Waiting] = deque()
-        self._dispatcher: asyncio.Task[None] | None = None
-        # Strong references: the event loop only keeps weak ones to tasks.
-        self._runs: set[asyncio.Task[None]] = set()
+    renderer: Renderer
+    run_slots: asyncio.Semaphore
+    metrics: DitMetrics
+    max_batch_size: int
+    window: float
+    _waiting: deque[_Waiting] = field(default_factory=deque, init=False)
+    _dispatcher: asyncio.Task[None] | None = field(default=None, init=False)
+    # Strong references: the event loop only keeps weak ones to tasks.
+    _runs: set[asyncio.Task[None]] = field(default_factory=set, init=False)
 
     async def run(self, job: RenderJob, emit: EmitResult, cancel: threading.Event) -> RunOutcome:
         """Render ``job`` when its turn comes; RenderCancelled if its consumer left meanwhile."""
-        if self._max_batch == 1:
+        if self.max_batch_size == 1:
             return await self._alone(job, emit, cancel)
         waiting = _Waiting(RenderItem(job, emit, cancel))
         self._waiting.append(waiting)
-        self._metrics.pipeline_queue_depth.inc()
+        self.metrics.pipeline_queue_depth.inc()
         if self._dispatcher is None or self._dispatcher.done():
             self._dispatcher = asyncio.create_task(self._dispatch())
         return await asyncio.shield(waiting.outcome)
 
     async def _alone(self, job: RenderJob, emit: EmitResult, cancel: threading.Event) -> RunOutcome:
-        metrics, waited = self._metrics, time.monotonic()
-        async with waiting_for(self._run_slots, metrics.pipeline_queue_depth):
+        metrics, waited = self.metrics, time.monotonic()
+        async with waiting_for(self.run_slots, metrics.pipeline_queue_depth):
             queue_seconds = self._started([job], waited)[0]
             if cancel.is_set():
                 raise RenderCancelled()
             metrics.pipeline_runs_in_flight.inc()
             try:
-                (outcome,) = await asyncio.to_thread(self._renderer.render, [RenderItem(job, emit, cancel)])
+                (outcome,) = await asyncio.to_thread(self.renderer.render, [RenderItem(job, emit, cancel)])
             finally:
                 metrics.pipeline_runs_in_flight.dec()
         if isinstance(outcome, RenderCancelled):
@@ -77,11 +69,11 @@ class RenderScheduler:
 
     async def _dispatch(self) -> None:
         while self._waiting:
-            await self._run_slots.acquire()
-            await asyncio.sleep(self._window)  # let compatible jobs arrive
+            await self.run_slots.acquire()
+            await asyncio.sleep(self.window)  # let compatible jobs arrive
             batch = self._take_batch()
             if not batch:
-                self._run_slots.release()
+                self.run_slots.release()
                 continue
             run = asyncio.create_task(self._run_batch(batch))
             self._runs.add(run)
@@ -92,7 +84,7 @@ class RenderScheduler:
         batch: list[_Waiting] = []
         while self._waiting and not batch:
             head = self._waiting.popleft()
-            self._metrics.pipeline_queue_depth.dec()
+            self.metrics.pipeline_queue_depth.dec()
             if head.item.cancel.is_set():
                 head.outcome.set_exception(RenderCancelled())
                 continue
@@ -100,20 +92,20 @@ class RenderScheduler:
         key = batch[0].item.job.batch_key if batch else None
         if key is not None:
             for waiting in list(self._waiting):
-                if len(batch) == self._max_batch:
+                if len(batch) == self.max_batch_size:
                     break
                 if waiting.item.job.batch_key == key and not waiting.item.cancel.is_set():
                     self._waiting.remove(waiting)
-                    self._metrics.pipeline_queue_depth.dec()
+                    self.metrics.pipeline_queue_depth.dec()
                     batch.append(waiting)
         return batch
 
     async def _run_batch(self, batch: list[_Waiting]) -> None:
-        metrics = self._metrics
+        metrics = self.metrics
         queue_seconds = self._started([w.item.job for w in batch], [w.queued_at for w in batch])
         metrics.pipeline_runs_in_flight.inc(len(batch))
         try:
-            results: list[RenderOutcome] = await asyncio.to_thread(self._renderer.render, [w.item for w in batch])
+            results: list[RenderOutcome] = await asyncio.to_thread(self.renderer.render, [w.item for w in batch])
         except BaseException as exc:  # every job of the run failed with it
             for waiting in batch:
                 if not waiting.outcome.done():
@@ -128,7 +120,7 @@ class RenderScheduler:
                     waiting.outcome.set_result((result, seconds))
         finally:
             metrics.pipeline_runs_in_flight.dec(len(batch))
-            self._run_slots.release()
+            self.run_slots.release()
 
     def _started(self, jobs: list[RenderJob], queued_at: float | list[float]) -> list[float]:
         """Record that these jobs' run starts now; their queue waits, in seconds."""
@@ -136,6 +128,6 @@ class RenderScheduler:
         starts = queued_at if isinstance(queued_at, list) else [queued_at] * len(jobs)
         waits = [now - start for start in starts]
         for job, seconds in zip(jobs, waits, strict=True):
-            self._metrics.queue_wait_seconds.observe(seconds)
+            self.metrics.queue_wait_seconds.observe(seconds)
             job.trace.queued(seconds)
         return waits

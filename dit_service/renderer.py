@@ -85,12 +85,12 @@ class _Round:
             item.emit(ProgressFrame(request_id=item.job.request_id, step=done, steps=steps * count))
 
 
+@dataclass(frozen=True)
 class Renderer:
-    def __init__(self, model: DitModel, vae: VaeCodec, encoder: ImageEncoder, metrics: DitMetrics) -> None:
-        self._model = model
-        self._vae = vae
-        self._encoder = encoder
-        self._metrics = metrics
+    model: DitModel
+    vae: VaeCodec
+    encoder: ImageEncoder
+    metrics: DitMetrics
 
     def render(self, items: Sequence[RenderItem]) -> list[RenderOutcome]:
         """One outcome per item: its timings, or ``RenderCancelled`` if its consumer left."""
@@ -122,20 +122,20 @@ class Renderer:
         if edit is None:
             return "text_to_image", {}
         started = time.perf_counter()
-        pixels = self._vae.pixels(edit.image)
-        inputs: dict[str, Any] = {"image": self._vae.encode(pixels), "strength": edit.strength}
+        pixels = self.vae.pixels(edit.image)
+        inputs: dict[str, Any] = {"image": self.vae.encode(pixels), "strength": edit.strength}
         kind: PipelineKind = "image_to_image"
         if edit.mask is not None:
             # The inpaint pipeline's masked image: the input with the repainted region blanked out.
             keep = torch.from_numpy(np.asarray(edit.mask) == 0)[None, None]
-            inputs |= {"mask_image": edit.mask, "masked_image_latents": self._vae.encode(pixels * keep)}
+            inputs |= {"mask_image": edit.mask, "masked_image_latents": self.vae.encode(pixels * keep)}
             kind = "inpaint"
         timings.vae_encode = time.perf_counter() - started
         return kind, inputs
 
     def _conditioning(self, jobs: list[RenderJob]) -> dict[str, Any]:
         """Each job's rows, right-padded to the round's longest with a mask; the negative ones with CFG."""
-        device, guidance = self._model.facts.device, jobs[0].params.guidance_scale
+        device, guidance = self.model.facts.device, jobs[0].params.guidance_scale
         cond = [job.conditioning for job in jobs]
         embeds, mask = _padded([(c.prompt_embeds, c.prompt_embeds_mask) for c in cond])
         inputs: dict[str, Any] = {
@@ -169,7 +169,7 @@ class Renderer:
             functools.partial(self._previews, round),
             round.progress,
             round.abandoned,
-            self._metrics.denoise_step_seconds,
+            self.metrics.denoise_step_seconds,
         )
         previews_before = sum(round.timings[image.position].previews for image in round.images)
         started = time.perf_counter()
@@ -177,9 +177,9 @@ class Renderer:
             for image, item in images:
                 stages.enter_context(item.job.trace.stage("denoise", image_index=image.index, steps=steps))
             if steps == 0:
-                latents = self._vae.packed(inputs["image"])  # strength 0: the input's own latents, decoded
+                latents = self.vae.packed(inputs["image"])  # strength 0: the input's own latents, decoded
             else:
-                pipeline = self._model.new_pipeline(kind)
+                pipeline = self.model.new_pipeline(kind)
                 callback.record_start(pipeline)
                 seeds = [item.job.params.seed + image.index for image, item in images]
                 latents = pipeline(
@@ -195,7 +195,7 @@ class Renderer:
                 ).images
         previews = sum(round.timings[image.position].previews for image in round.images) - previews_before
         denoise = time.perf_counter() - started - previews
-        self._metrics.denoise_seconds.observe(denoise)
+        self.metrics.denoise_seconds.observe(denoise)
         for image in round.images:
             round.timings[image.position].denoise += denoise
         return None if callback.interrupted else latents
@@ -212,27 +212,27 @@ class Renderer:
                 partial_image_index=preview_steps(job.denoising_steps, params.partial_images).index(step),
                 step=step + 1,
                 output_format=params.output_format,
-                data=self._encoder.encode(picture, params.output_format, params.output_compression),
+                data=self.encoder.encode(picture, params.output_format, params.output_compression),
             )
             item.emit(frame)
             round.timings[image.position].previews += time.perf_counter() - started
 
     def _picture(self, job: RenderJob, latents: torch.Tensor) -> PIL.Image.Image:
         """Packed latents → the picture the client gets (an edit's unmasked pixels are the input's own)."""
-        image = self._vae.decode(latents, job.params.height, job.params.width)
+        image = self.vae.decode(latents, job.params.height, job.params.width)
         edit = job.edit
         if edit is not None and edit.mask is not None:
-            image = self._vae.pasted_back(image, edit.mask, edit.image)
+            image = self.vae.pasted_back(image, edit.mask, edit.image)
         return image
 
     def _finish(self, item: RenderItem, index: int, latents: torch.Tensor, timings: RenderTimings) -> None:
-        job, params, metrics = item.job, item.job.params, self._metrics
+        job, params, metrics = item.job, item.job.params, self.metrics
         started = time.perf_counter()
         with job.trace.stage("vae_decode", image_index=index):
             image = self._picture(job, latents)
         decoded = time.perf_counter()
         with job.trace.stage("encode", image_index=index, format=params.output_format):
-            data = self._encoder.encode(image, params.output_format, params.output_compression)
+            data = self.encoder.encode(image, params.output_format, params.output_compression)
         encoded = time.perf_counter()
         timings.vae_decode += decoded - started
         timings.encode += encoded - decoded

@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from starlette.background import BackgroundTask
 from starlette.responses import StreamingResponse
@@ -48,24 +48,16 @@ class _RunEnded:
     queue_seconds: float
 
 
+@dataclass
 class ResultStream:
-    def __init__(
-        self,
-        scheduler: RenderScheduler,
-        metrics: DitMetrics,
-        fatal: Fatal,
-        *,
-        progress_interval: float,
-        max_consecutive_failures: int,
-    ) -> None:
-        self._scheduler = scheduler
-        self._metrics = metrics
-        self._fatal = fatal
-        self._progress_interval = progress_interval
-        self._max_failures = max_consecutive_failures
-        self._failures_in_a_row = 0
-        # Strong references: the event loop only keeps weak ones to tasks.
-        self._runs: set[asyncio.Task[None]] = set()
+    scheduler: RenderScheduler
+    metrics: DitMetrics
+    fatal: Fatal
+    progress_interval: float
+    max_consecutive_failures: int
+    _failures_in_a_row: int = field(default=0, init=False)
+    # Strong references: the event loop only keeps weak ones to tasks.
+    _runs: set[asyncio.Task[None]] = field(default_factory=set, init=False)
 
     def respond(self, job: RenderJob, ticket: RunTicket, started: float, handoff_seconds: float) -> StreamingResponse:
         """Starts the run now and answers with its frames: previews, images, then ``done`` (or ``error``).
@@ -100,7 +92,7 @@ class ResultStream:
         last_sent = time.monotonic()
         try:
             while True:
-                wait = max(0.0, last_sent + self._progress_interval - time.monotonic())
+                wait = max(0.0, last_sent + self.progress_interval - time.monotonic())
                 try:
                     item: PartialImageFrame | ImageFrame | ProgressFrame | _RunEnded | None = await asyncio.wait_for(
                         queue.get(), wait
@@ -117,7 +109,7 @@ class ResultStream:
                 last_sent = time.monotonic()
         finally:
             cancel.set()
-            self._metrics.request_seconds.observe(time.monotonic() - started)
+            self.metrics.request_seconds.observe(time.monotonic() - started)
 
     async def _run(
         self,
@@ -127,10 +119,10 @@ class ResultStream:
         ticket: RunTicket,
         queue: asyncio.Queue[PartialImageFrame | ImageFrame | ProgressFrame | _RunEnded],
     ) -> None:
-        metrics = self._metrics
+        metrics = self.metrics
         timings, queue_seconds = None, 0.0
         try:
-            timings, queue_seconds = await self._scheduler.run(job, emit, cancel)
+            timings, queue_seconds = await self.scheduler.run(job, emit, cancel)
             self._failures_in_a_row = 0
             log.info(
                 "rendered %d image(s) of %dx%d, %d steps",
@@ -145,8 +137,8 @@ class ResultStream:
             log.exception("pipeline run for %s failed", job.request_id)
             metrics.pipeline_failures.labels("error").inc()
             self._failures_in_a_row += 1
-            if self._failures_in_a_row >= self._max_failures:
-                self._fatal.trigger(f"the pipeline failed {self._failures_in_a_row} runs in a row")
+            if self._failures_in_a_row >= self.max_consecutive_failures:
+                self.fatal.trigger(f"the pipeline failed {self._failures_in_a_row} runs in a row")
         finally:
             ticket.release()
             job.trace.end(finished=timings is not None)

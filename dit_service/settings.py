@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.checkpoints import DIT_MODEL, default_model_dir
+from services.settings import HandoffToken, LogLevel, NonNegative, Port, Positive, Seconds
 from shared.diffusion import MAX_IMAGES, SIZE_PATTERN
 from shared.frame_codec import FrameLimits
 from shared.handoff_assembler import AssemblyCaps
@@ -26,9 +27,7 @@ class DitSettings(BaseSettings):
     )
     device: Literal["cpu", "cuda"] = Field("cpu", description="Where the pipeline runs.")
     dtype: TorchDtypeName | None = Field(None, description="Model dtype; default float32 on CPU, bfloat16 on CUDA.")
-    torch_threads: Annotated[int, Field(ge=1)] | None = Field(
-        None, description="torch intra-op threads (None: torch's default)."
-    )
+    torch_threads: Positive | None = Field(None, description="torch intra-op threads (None: torch's default).")
     expected_model: str | None = Field(
         None, description="If set, the AR model tag every handoff's open.model must equal (else 4xx)."
     )
@@ -39,53 +38,47 @@ class DitSettings(BaseSettings):
 
     # --- HTTP ----------------------------------------------------------------------------------
     host: str = Field("127.0.0.1", description="Bind address.")
-    port: Annotated[int, Field(ge=0, le=65535)] = Field(8001, description="Bind port.")
-    handoff_token: SecretStr | None = Field(
-        None,
-        validation_alias="ARDIT_HANDOFF_TOKEN",
-        description="Bearer token both services share (env ARDIT_HANDOFF_TOKEN). Unset: /v1/handoff answers 503.",
-    )
-    log_level: str = Field("INFO", description="Root log level.")
+    port: Port = Field(8001, description="Bind port.")
+    handoff_token: HandoffToken = None
+    log_level: LogLevel = "INFO"
 
     # --- admission -----------------------------------------------------------------------------
-    max_concurrent_handoffs: Annotated[int, Field(ge=1)] = Field(8, description="Handoffs being received at once.")
-    max_pipeline_runs: Annotated[int, Field(ge=1)] = Field(1, description="Pipeline runs executing at once.")
-    pipeline_queue_size: Annotated[int, Field(ge=0)] = Field(
+    max_concurrent_handoffs: Positive = Field(8, description="Handoffs being received at once.")
+    max_pipeline_runs: Positive = Field(1, description="Pipeline runs executing at once.")
+    pipeline_queue_size: NonNegative = Field(
         4, description="Completed handoffs that may wait for a pipeline run; beyond that: 429."
     )
-    retry_after_seconds: Annotated[int, Field(ge=1)] = Field(1, description="Retry-After sent with 429/503.")
-    stall_timeout_seconds: Annotated[float, Field(gt=0)] = Field(
+    retry_after_seconds: Positive = Field(1, description="Retry-After sent with 429/503.")
+    stall_timeout_seconds: Seconds = Field(
         30.0, description="A handoff that sends no bytes for this long is ended and its memory released."
     )
-    handoff_deadline_seconds: Annotated[float, Field(gt=0)] = Field(
+    handoff_deadline_seconds: Seconds = Field(
         300.0, description="Longest handoff from its first byte to close, however steadily bytes trickle in."
     )
-    progress_interval_seconds: Annotated[float, Field(gt=0)] = Field(
+    progress_interval_seconds: Seconds = Field(
         2.0, description="A progress frame goes to the AR after this long without a result frame (queued or rendering)."
     )
-    batch_max_size: Annotated[int, Field(ge=1)] = Field(
+    batch_max_size: Positive = Field(
         1, description="Compatible text-to-image requests denoised as one batch, at most (1: no batching)."
     )
     batch_window_ms: Annotated[float, Field(ge=0)] = Field(
         20.0, description="How long the next run waits for compatible requests to batch with (batching on)."
     )
-    max_consecutive_pipeline_failures: Annotated[int, Field(ge=1)] = Field(
+    max_consecutive_pipeline_failures: Positive = Field(
         3, description="Pipeline runs failing in a row before the DiT declares itself broken and exits."
     )
 
     # --- receiver caps (shared AssemblyCaps / FrameLimits) -------------------------------------
-    max_rows: Annotated[int, Field(ge=1)] = Field(AssemblyCaps.max_rows, description="Max rows per stream.")
-    max_hidden_size: Annotated[int, Field(ge=1)] = Field(AssemblyCaps.max_hidden_size, description="Max hidden size.")
-    max_buffer_bytes: Annotated[int, Field(ge=1)] = Field(
+    max_rows: Positive = Field(AssemblyCaps.max_rows, description="Max rows per stream.")
+    max_hidden_size: Positive = Field(AssemblyCaps.max_hidden_size, description="Max hidden size.")
+    max_buffer_bytes: Positive = Field(
         AssemblyCaps.max_bytes, description="Max bytes of rows and edit pixels one handoff may allocate."
     )
     max_frame_header_bytes: Annotated[int, Field(ge=64)] = Field(
         FrameLimits.max_header_bytes, description="Max bytes of one frame's msgpack header."
     )
-    max_frame_payload_bytes: Annotated[int, Field(ge=1)] = Field(
-        FrameLimits.max_payload_bytes, description="Max row bytes in one frame."
-    )
-    idle_row_buffer_bytes: Annotated[int, Field(ge=0)] = Field(
+    max_frame_payload_bytes: Positive = Field(FrameLimits.max_payload_bytes, description="Max row bytes in one frame.")
+    idle_row_buffer_bytes: NonNegative = Field(
         256 << 20, description="Released row buffers kept for reuse (0: allocate fresh each handoff)."
     )
 
@@ -93,13 +86,13 @@ class DitSettings(BaseSettings):
     special_token_ids: frozenset[int] = Field(
         frozenset(), description="Token ids whose rows ar_generated drops from the text part (JSON list in env)."
     )
-    image_token_start_id: Annotated[int, Field(ge=0)] | None = Field(
+    image_token_start_id: NonNegative | None = Field(
         None, description="ar_generated: only generated rows with token id >= this are image rows (None: all)."
     )
     max_sequence_length: Annotated[int, Field(ge=1, le=1024)] = Field(
         512, description="Most conditioning rows the DiT takes; more is a 4xx, never a silent truncation."
     )
-    pad_to_multiple: Annotated[int, Field(ge=1)] = Field(
+    pad_to_multiple: Positive = Field(
         1, description="Right-pad conditioning to a multiple of this (with a mask) so few shapes occur."
     )
 
@@ -107,7 +100,7 @@ class DitSettings(BaseSettings):
     default_size: Annotated[str, Field(pattern=SIZE_PATTERN)] | None = Field(
         None, description="WIDTHxHEIGHT for size=auto (None: the model card's, else 256x256)."
     )
-    default_num_inference_steps: Annotated[int, Field(ge=1)] | None = Field(
+    default_num_inference_steps: Positive | None = Field(
         None, description="Steps when a request names neither steps nor quality (None: the model card's, else 8)."
     )
     default_guidance_scale: Annotated[float, Field(ge=0)] | None = Field(
@@ -115,8 +108,8 @@ class DitSettings(BaseSettings):
     )
 
     # --- diffusion limits (announced to the AR, enforced on every open frame) ---------------------
-    max_pixels: Annotated[int, Field(ge=1)] = Field(2 * 1024 * 1024, description="Max width*height.")
-    max_inference_steps: Annotated[int, Field(ge=1)] = Field(100, description="Max num_inference_steps.")
+    max_pixels: Positive = Field(2 * 1024 * 1024, description="Max width*height.")
+    max_inference_steps: Positive = Field(100, description="Max num_inference_steps.")
     max_images_per_handoff: Annotated[int, Field(ge=1, le=MAX_IMAGES)] = Field(
         MAX_IMAGES, description="Max num_images (OpenAI's n goes up to 10)."
     )

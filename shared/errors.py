@@ -1,7 +1,7 @@
 """Typed rejections of the handoff contract.
 
-Every way a handoff stream can be wrong has its own class with a stable ``code`` string, so the
-receiver can answer with a precise 4xx and the sender's logs and metrics can name the reason.
+Every way a handoff can be refused has its own class with a stable ``code`` string, so the receiver
+can answer with a precise 4xx and the sender's logs and metrics can name the reason.
 ``status`` is the HTTP status the DiT service answers with; ``param``, where there is one, names
 the public API parameter at fault (``size``, ``n``, ``prompt``...), so the AR can pass it through.
 """
@@ -114,6 +114,45 @@ class IncompleteStream(HandoffError):
     """The byte stream ended before a ``close`` frame (or inside a frame)."""
 
     code = "incomplete_stream"
+
+
+# What a receiver refuses beyond the frames themselves: a stalled or endless body, rows that cannot
+# condition it, parameters it cannot render. The AR passes the last three on to its client as 400s.
+
+
+class HandoffStalled(HandoffError):
+    """No bytes arrived for longer than the stall timeout."""
+
+    code = "handoff_stalled"
+    status = 408
+
+
+class HandoffDeadlineExceeded(HandoffError):
+    """The handoff took longer than the deadline from its first byte to close (a trickling sender)."""
+
+    code = "handoff_deadline_exceeded"
+    status = 408
+
+
+class ConditioningMismatch(HandoffError):
+    """The hidden states cannot condition this DiT: wrong width, unknown adapter or wrong AR model."""
+
+    code = "conditioning_mismatch"
+    status = 422
+
+
+class PromptTooLong(HandoffError):
+    """More conditioning rows than the DiT takes (``max_sequence_length``)."""
+
+    code = "prompt_too_long"
+    status = 422
+
+
+class EmptyConditioning(HandoffError):
+    """The adapter selected no rows: the prompt is entirely template prefix or special tokens."""
+
+    code = "empty_conditioning"
+    status = 422
 
 
 class InvalidDiffusionParams(HandoffError):

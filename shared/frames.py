@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, ValidationError, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from shared.diffusion import DiffusionParams
-from shared.errors import MalformedFrame, UnknownFrameKind, UnsupportedSchemaVersion
-from shared.frame_types import NonNegInt, PosInt, WireModel
+from shared.errors import MalformedFrame, UnsupportedSchemaVersion
+from shared.frame_types import NonNegInt, PosInt, WireModel, model_of_kind
 from shared.tensor_codec import TOKEN_ID_BYTES
 
 # Version 3 added image edits (``open.edit`` and the ``pixels`` frame); see HANDOFF_SPEC.md.
@@ -190,16 +190,7 @@ def frame_from_header(header: object) -> Frame:
         raise UnsupportedSchemaVersion(
             f"schema version {version!r} is not supported (this side speaks {SCHEMA_VERSION})"
         )
-    kind = header.get("kind")
-    model = _BY_KIND.get(kind) if isinstance(kind, str) else None
-    if model is None:
-        raise UnknownFrameKind(f"unknown frame kind {kind!r}")
-    try:
-        return model.model_validate(header)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "frame"
-        raise MalformedFrame(f"{kind} frame: {where}: {first['msg']}") from None
+    return model_of_kind(header, _BY_KIND, "frame")
 
 
 def frame_header(frame: Frame) -> dict[str, Any]:

@@ -14,11 +14,11 @@ from collections.abc import Iterator
 from typing import Annotated, Literal
 
 import msgpack
-from pydantic import Field, ValidationError
+from pydantic import Field
 
 from shared.diffusion import OutputFormat
-from shared.errors import MalformedFrame, UnknownFrameKind
-from shared.frame_types import NonNegInt, WireModel
+from shared.errors import MalformedFrame
+from shared.frame_types import NonNegInt, WireModel, model_of_kind
 from shared.frames import RequestId
 
 RESULT_MEDIA_TYPE = "application/vnd.ardit.result+msgpack"
@@ -87,14 +87,7 @@ def encode_result(frame: ResultFrame) -> bytes:
 def result_from_map(obj: object) -> ResultFrame:
     if not isinstance(obj, dict):
         raise MalformedFrame("a result frame is a msgpack map")
-    kind = obj.get("kind")
-    model = _BY_KIND.get(kind) if isinstance(kind, str) else None
-    if model is None:
-        raise UnknownFrameKind(f"unknown result frame kind {kind!r}")
-    try:
-        return model.model_validate(obj)
-    except ValidationError as exc:
-        raise MalformedFrame(f"{obj.get('kind')} frame: {exc.errors()[0]['msg']}") from None
+    return model_of_kind(obj, _BY_KIND, "result frame")
 
 
 class ResultReader:

@@ -51,6 +51,7 @@ from ar_service.metrics import ArMetrics
 from ar_service.readiness import NOT_READY_RETRY_AFTER, ArReadiness
 from ar_service.settings import ArSettings
 from services.errors import ApiError, Overloaded
+from shared.errors import EmptyConditioning, InvalidDiffusionParams, PromptTooLong
 from shared.result_frames import ImageFrame, PartialImageFrame
 
 log = logging.getLogger("ardit.ar.serving")
@@ -58,7 +59,7 @@ log = logging.getLogger("ardit.ar.serving")
 T = TypeVar("T")
 # DiT rejections that are about the request's parameters (a 400 naming them); any other
 # rejection means the pair disagrees about the handoff itself, which is the server's fault.
-_REQUEST_FAULTS = {"invalid_diffusion_params", "prompt_too_long", "empty_conditioning"}
+_REQUEST_FAULTS = {kind.code for kind in (InvalidDiffusionParams, PromptTooLong, EmptyConditioning)}
 
 
 def _dit_rejected(exc: DitRejected) -> ApiError:
@@ -121,42 +122,33 @@ ImageEvent = PartialImageEvent | CompletedEvent | StreamError
 ImageEvents = AsyncIterator[ImageEvent]
 
 
+@dataclass(frozen=True)
 class ImageServing:
-    def __init__(
-        self,
-        settings: ArSettings,
-        readiness: ArReadiness,
-        validator: RequestValidator,
-        admission: RequestAdmission,
-        generator: ImageGenerator,
-        store: ImageStore,
-        metrics: ArMetrics,
-    ) -> None:
-        self._settings = settings
-        self._readiness = readiness
-        self._validator = validator
-        self._admission = admission
-        self._generator = generator
-        self._store = store
-        self._metrics = metrics
+    settings: ArSettings
+    readiness: ArReadiness
+    validator: RequestValidator
+    admission: RequestAdmission
+    generator: ImageGenerator
+    store: ImageStore
+    metrics: ArMetrics
 
     async def create_images(self, body: ImageGenerationRequest, raw_request: Request) -> ImagesAnswer | ImageEvents:
         received_at = time.perf_counter()
-        dit, capacity = await self._readiness.require()
-        valid = self._validator.generation(body, raw_request.state.request_id, received_at, dit)
+        dit, capacity = await self.readiness.require()
+        valid = self.validator.generation(body, raw_request.state.request_id, received_at, dit)
         return await self._serve(valid, capacity, raw_request)
 
     async def create_edit(self, raw_request: Request) -> ImagesAnswer | ImageEvents:
         received_at = time.perf_counter()
         form = await read_edit_form(raw_request)
-        dit, capacity = await self._readiness.require()
-        valid = await self._validator.edit(form, raw_request.state.request_id, received_at, dit)
+        dit, capacity = await self.readiness.require()
+        valid = await self.validator.edit(form, raw_request.state.request_id, received_at, dit)
         return await self._serve(valid, capacity, raw_request)
 
     async def _serve(self, valid: ValidGeneration, capacity: int, raw_request: Request) -> ImagesAnswer | ImageEvents:
         # Every refusal known before any work is an HTTP status, in stream mode too: 404 / 503 /
         # 400 (validation), then 429 from admission (after waiting in the queue, if there is room).
-        ticket = await cancel_on_disconnect(raw_request, self._admission.admit(capacity))
+        ticket = await cancel_on_disconnect(raw_request, self.admission.admit(capacity))
         if valid.response.stream:
             return self._events(valid, ticket)
         try:
@@ -188,7 +180,7 @@ class ImageServing:
             for event in self._completed_events(valid, result):
                 yield event
         except ApiError as exc:
-            self._metrics.app.count_error(exc)
+            self.metrics.app.count_error(exc)
             yield StreamError(exc)
         finally:
             ticket.release()
@@ -198,7 +190,7 @@ class ImageServing:
     ) -> GenerationResult:
         gen = valid.generation
         with map_failures():
-            result = await self._generator.generate(gen, on_partial_image)
+            result = await self.generator.generate(gen, on_partial_image)
         u = result.usage
         log.info(
             "served %d image(s): %d prompt tokens (%d cached), %d generated, %.2fs",
@@ -218,8 +210,8 @@ class ImageServing:
             yield
             status = "ok"
         finally:
-            self._metrics.requests.labels(status=status).inc()
-            self._metrics.request_seconds.observe(time.perf_counter() - valid.generation.received_at)
+            self.metrics.requests.labels(status=status).inc()
+            self.metrics.request_seconds.observe(time.perf_counter() - valid.generation.received_at)
 
     def _response(self, valid: ValidGeneration, result: GenerationResult, base_url: str) -> ImagesResponse:
         options, data = valid.response, []
@@ -241,12 +233,12 @@ class ImageServing:
 
     def _stored(self, image: ImageFrame, base_url: str) -> str:
         try:
-            name = self._store.put(image.data, image.output_format)
+            name = self.store.put(image.data, image.output_format)
         except ImageTooLargeForStore as exc:
             raise ApiError(
                 400, f"{exc}; ask for response_format=b64_json", param="response_format", code="unsupported_value"
             ) from None
-        return f"{(self._settings.public_base_url or base_url).rstrip('/')}/v1/images/{name}"
+        return f"{(self.settings.public_base_url or base_url).rstrip('/')}/v1/images/{name}"
 
     @staticmethod
     def _partial_event(valid: ValidGeneration, frame: PartialImageFrame) -> PartialImageEvent:
@@ -282,20 +274,20 @@ class ImageServing:
         return ModelList(data=[await self.model()])
 
     async def model(self, model_id: str | None = None) -> ModelObject:
-        self._validator.check_model(model_id)
-        capabilities = await self._readiness.capabilities()
+        self.validator.check_model(model_id)
+        capabilities = await self.readiness.capabilities()
         return ModelObject(
-            id=self._settings.served_model_name, description=capabilities.description if capabilities else None
+            id=self.settings.served_model_name, description=capabilities.description if capabilities else None
         )
 
     def rendered_prompt(self, body: RenderRequest, request_id: str) -> list[RenderedPrompt]:
         """The templated prompt's token ids, as vLLM's /v1/completions/render gives them."""
-        self._validator.check_model(body.model)
-        return [RenderedPrompt(request_id=request_id, token_ids=self._validator.prompt_token_ids(body.prompt))]
+        self.validator.check_model(body.model)
+        return [RenderedPrompt(request_id=request_id, token_ids=self.validator.prompt_token_ids(body.prompt))]
 
     def stored_image(self, name: str) -> StoredImage:
         """A ``response_format=url`` image, by the name its URL carries."""
-        image = self._store.get(name)
+        image = self.store.get(name)
         if image is None:
             raise ApiError(404, "image not found or expired", code="not_found", param="name")
         return image

@@ -59,18 +59,18 @@ class ValidGeneration:
     response: ResponseOptions
 
 
+@dataclass(frozen=True)
 class RequestValidator:
-    def __init__(self, settings: ArSettings, prompts: PromptBuilder) -> None:
-        self._settings = settings
-        self._prompts = prompts
+    settings: ArSettings
+    prompts: PromptBuilder
 
     def check_model(self, model: str | None) -> None:
-        if model is not None and model != self._settings.served_model_name:
+        if model is not None and model != self.settings.served_model_name:
             raise ApiError(404, f"the model '{model}' does not exist", param="model", code="model_not_found")
 
     def prompt_token_ids(self, prompt: str) -> list[int]:
         """The ids the engine gets for ``prompt`` (in the template): what its prefix cache holds."""
-        return self._prompts.build(prompt).token_ids
+        return self.prompts.build(prompt).token_ids
 
     def generation(
         self, body: ImageRequest, request_id: str, received_at: float, dit: DitCapabilities
@@ -98,7 +98,7 @@ class RequestValidator:
             form.images[0].data,
             form.mask.data if form.mask is not None else None,
             OutputSize(requested, limits.size_multiple, limits.max_pixels),
-            self._settings.max_edit_input_pixels,
+            self.settings.max_edit_input_pixels,
         )
         edit = EditHandoff(EditSpec(strength=edit_strength(body), mask=pixels.mask is not None), pixels)
         size = pixels.width, pixels.height
@@ -114,7 +114,7 @@ class RequestValidator:
         size: tuple[int, int],
         edit: EditHandoff | None,
     ) -> ValidGeneration:
-        s = self._settings
+        s = self.settings
         if body.background == "transparent":
             raise _invalid("background 'transparent' is not supported by this model", "background", "unsupported_value")
         if body.output_compression is not None and body.output_format == "png":
@@ -177,8 +177,8 @@ class RequestValidator:
 
     def _prompt(self, name: StreamName, text: str, dit: DitCapabilities) -> BuiltPrompt:
         """``text`` in the model's template, within the AR's and the DiT's token limits."""
-        prompt, param = self._prompts.build(text), PUBLIC_PARAM[name]
-        limit = self._settings.max_prompt_tokens
+        prompt, param = self.prompts.build(text), PUBLIC_PARAM[name]
+        limit = self.settings.max_prompt_tokens
         if len(prompt.token_ids) > limit:
             raise _too_long(f"{param} is {len(prompt.token_ids)} tokens with the template; the limit is {limit}", param)
         rows, most = len(prompt.token_ids) - prompt.prefix_tokens, dit.limits.max_conditioning_rows

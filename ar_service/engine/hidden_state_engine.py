@@ -115,27 +115,7 @@ class HiddenStateEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         s = self.settings
-        extra: dict[str, Any] = {}
-        if s.capture_hidden_states:
-            self._socket_dir = tempfile.TemporaryDirectory(prefix="ardit-rows-")
-            self._channel = RowChannel(f"ipc://{self._socket_dir.name}/rows.sock")
-            extra = {
-                "speculative_config": {
-                    "method": "extract_hidden_states",
-                    "num_speculative_tokens": 1,
-                    "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [self.layer]}},
-                },
-                "kv_transfer_config": {
-                    "kv_connector": HiddenStateConnector.__name__,
-                    "kv_connector_module_path": HiddenStateConnector.__module__,
-                    "kv_role": "kv_producer",
-                    "kv_connector_extra_config": {
-                        "rows_endpoint": self._channel.endpoint,
-                        "final_norm": s.final_norm,
-                        "without_draft": s.capture_without_draft,
-                    },
-                },
-            }
+        extra = self._capture_config() if s.capture_hidden_states else {}
         args = AsyncEngineArgs(
             model=str(s.model_dir),
             dtype=s.dtype,
@@ -176,6 +156,28 @@ class HiddenStateEngine:
             self.layer,
             s.final_norm,
         )
+
+    def _capture_config(self) -> dict[str, Any]:
+        """The engine arguments that turn capture on, and the channel the rows will arrive on."""
+        self._socket_dir = tempfile.TemporaryDirectory(prefix="ardit-rows-")
+        self._channel = RowChannel(f"ipc://{self._socket_dir.name}/rows.sock")
+        return {
+            "speculative_config": {
+                "method": "extract_hidden_states",
+                "num_speculative_tokens": 1,
+                "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [self.layer]}},
+            },
+            "kv_transfer_config": {
+                "kv_connector": HiddenStateConnector.__name__,
+                "kv_connector_module_path": HiddenStateConnector.__module__,
+                "kv_role": "kv_producer",
+                "kv_connector_extra_config": {
+                    "rows_endpoint": self._channel.endpoint,
+                    "final_norm": self.settings.final_norm,
+                    "without_draft": self.settings.capture_without_draft,
+                },
+            },
+        }
 
     def shutdown(self) -> None:
         if self._engine is not None:

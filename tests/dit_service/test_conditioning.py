@@ -15,8 +15,8 @@ from dit_service.conditioning import (
     ConditioningOptions,
     QwenImageAdapter,
 )
-from dit_service.errors import ConditioningMismatch, EmptyConditioning, PromptTooLong
 from dit_service.render_job import RenderJob
+from shared.errors import ConditioningMismatch, EmptyConditioning, PromptTooLong
 from shared.frames import CloseFrame, StreamName, StreamTotals
 from shared.handoff_assembler import AssembledHandoff, AssembledStream
 from shared.result_frames import ImageFrame, ResultFrame

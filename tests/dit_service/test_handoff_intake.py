@@ -8,10 +8,9 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry
 
-from dit_service.errors import ConditioningMismatch, HandoffDeadlineExceeded, HandoffStalled
 from dit_service.handoff_intake import HandoffIntake
 from dit_service.metrics import DitMetrics
-from shared.errors import HandoffAborted
+from shared.errors import ConditioningMismatch, HandoffAborted, HandoffDeadlineExceeded, HandoffStalled
 from shared.frame_codec import FrameLimits
 from shared.handoff_assembler import AssemblyCaps
 from shared.handoff_encoder import HandoffEncoder

@@ -15,6 +15,7 @@ from services.app import Readiness, create_app
 from services.app_metrics import AppMetrics
 from services.auth import BearerAuth
 from services.errors import ApiError
+from services.fatal import Fatal
 
 
 class Body(BaseModel):
@@ -27,7 +28,7 @@ async def ready() -> Readiness:
 
 def build_app() -> tuple[FastAPI, CollectorRegistry]:
     registry = CollectorRegistry()
-    app = create_app("test", lifespan=None, readiness=ready, registry=registry, app_metrics=AppMetrics(registry, "t"))
+    app = create_app("test", lifespan=None, readiness=ready, app_metrics=AppMetrics(registry, "t"), fatal=Fatal())
     keys = BearerAuth(["k"], what="API key", missing_code="missing_api_key", invalid_code="invalid_api_key")
 
     def check(request: Request) -> None:
@@ -108,9 +109,7 @@ def test_readiness_is_exported_as_it_is_at_each_scrape():
     async def readiness() -> Readiness:
         return Readiness(state["ready"], "ready" if state["ready"] else "loading")
 
-    app = create_app(
-        "test", lifespan=None, readiness=readiness, registry=registry, app_metrics=AppMetrics(registry, "t")
-    )
+    app = create_app("test", lifespan=None, readiness=readiness, app_metrics=AppMetrics(registry, "t"), fatal=Fatal())
     with TestClient(app) as client:
         client.get("/metrics")
         assert count(registry, "ardit_t_ready") == 0

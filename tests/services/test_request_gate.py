@@ -13,6 +13,7 @@ from fastapi import FastAPI, Request
 from services.app import Readiness, create_app
 from services.app_metrics import AppMetrics
 from services.auth import BearerAuth
+from services.fatal import Fatal
 from services.metrics import new_registry
 from services.request_gate import RequestGate
 from tests.support.live_server import LiveServer
@@ -32,8 +33,8 @@ def build() -> FastAPI:
         "gate test",
         lifespan=None,
         readiness=ready,
-        registry=registry,
         app_metrics=metrics,
+        fatal=Fatal(),
         gate=lambda inner: RequestGate(
             inner,
             auth=auth,

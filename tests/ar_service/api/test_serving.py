@@ -18,7 +18,7 @@ from services.errors import ApiError
         (DitRejected(422, "bad size", "invalid_diffusion_params", "size"), 400, "invalid_diffusion_params"),
         (DitRejected(422, "wrong model", "conditioning_mismatch", "model"), 502, "conditioning_mismatch"),
         (DitRejected(400, "bad frame", "malformed_frame", None), 502, "malformed_frame"),
-        (DitBusy("queue full", "3"), 429, "dit_busy"),
+        (DitBusy("queue full", retry_after="3"), 429, "dit_busy"),
         (DitUnavailable("gone"), 503, "dit_unavailable"),
         (RowQueueOverflow("slow"), 503, "handoff_backpressure"),
     ],
