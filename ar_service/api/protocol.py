@@ -127,7 +127,8 @@ class ImageRequest(_Request):
     sigmas: Sigmas[Number] | None = Field(
         None,
         description="A custom noise schedule: strictly decreasing noise levels in (0, 1], one per step (diffusers' "
-        "`sigmas`, before the scheduler's shift); the number of steps is their count, within the DiT's range.",
+        "`sigmas`, before the scheduler's shift and terminal stretch); the number of steps is their count, within "
+        "the DiT's range.",
     )
     guidance_scale: Annotated[Number, Field(ge=0.0)] | None = Field(
         None,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, get_args
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
@@ -18,6 +18,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from ar_service.api.edit_form import MAX_IMAGES
 from ar_service.api.protocol import (
+    EventPrefix,
     ImageEditRequest,
     ImageGenerationRequest,
     ImagesResponse,
@@ -34,11 +35,22 @@ _GATE = (401, 408, 413)
 _IMAGE_TYPES = {
     t: {"schema": {"type": "string", "format": "binary"}} for t in ("image/png", "image/jpeg", "image/webp")
 }
+# One server-sent event (OpenAPI 3.0/3.1 describe a stream by the schema of each event): its name, and its data,
+# the event's JSON (a PartialImageEvent, a CompletedEvent, or an OpenAI error body).
+_EVENT_NAMES = [f"{prefix}.{kind}" for prefix in get_args(EventPrefix) for kind in ("partial_image", "completed")]
+_SSE_EVENT = {
+    "type": "object",
+    "required": ["event", "data"],
+    "properties": {
+        "event": {"type": "string", "enum": [*_EVENT_NAMES, "error"]},
+        "data": {"type": "string", "contentMediaType": "application/json"},
+    },
+}
 _IMAGES_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {
         "model": ImagesResponse,
         "description": "The images (JSON), or with stream=true an event stream of partial and completed images.",
-        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        "content": {"text/event-stream": {"schema": _SSE_EVENT}},
     },
     **error_responses(400, *_GATE, 404, 429, 503),
 }
