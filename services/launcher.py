@@ -12,7 +12,6 @@ setting passes through from the environment (``ARDIT_AR_*``, ``ARDIT_DIT_*``, se
 
 from __future__ import annotations
 
-import ctypes
 import os
 import secrets
 import signal
@@ -24,11 +23,12 @@ import urllib.request
 from collections import deque
 from dataclasses import dataclass, field
 
+from services.lifetime import die_with_parent
+
 MAX_CRASHES = 5
 CRASH_WINDOW_SECONDS = 120.0
 BACKOFF_SECONDS = (1.0, 30.0)  # first restart delay, longest
 POLL_SECONDS = 0.5
-_PR_SET_PDEATHSIG = 1
 
 
 def service_environment() -> dict[str, str]:
@@ -41,9 +41,8 @@ def service_environment() -> dict[str, str]:
 
 
 def _die_with_parent() -> None:
-    """In the child, before exec: SIGTERM when the launcher dies, however it dies (Linux)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    """In the child, before exec: SIGTERM (a graceful stop) when the launcher dies, however it dies."""
+    die_with_parent(signal.SIGTERM)
 
 
 @dataclass

@@ -20,6 +20,7 @@ from ar_service.settings import ArSettings
 from dit_service.app import create_dit_app
 from dit_service.settings import DitSettings
 from services.checkpoints import PLUMBING_DIT_MODEL, default_model_dir
+from tests.support import leftovers
 from tests.support.live_server import LiveServer
 
 # Bitwise image comparisons need a fixed intra-op thread count.
@@ -35,6 +36,23 @@ ADMIN_TOKEN = "test-admin-token"
 # pared down, and it has no model card, so those tests see the settings' own defaults. The DiT's default, the
 # trained demo model, is served where pictures must mean something (tests/e2e/test_prompt_following.py).
 PLUMBING_DIT_MODEL_DIR = default_model_dir(PLUMBING_DIT_MODEL)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    leftovers.mark_this_run()
+
+
+@pytest.hookimpl(trylast=True)  # after the session fixtures' teardown
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Nothing outlives the run: a process it started and left running fails it, by name."""
+    left = leftovers.reap(grace_seconds=10)
+    if left:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line("processes this test run started were still running (now killed):", red=True)
+            for line in left:
+                reporter.write_line(f"  {line}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @dataclass

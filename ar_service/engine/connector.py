@@ -26,11 +26,18 @@ capture's proposer from scheduling a duplicate draft token (``kv_connector_extra
 Per-request options arrive in ``SamplingParams.extra_args["kv_transfer_params"]``:
 ``{"ardit_row_queue": <engine request id>}`` names the ``RowQueue`` its rows go to. Requests
 without it are ignored (plain generation).
+
+Both processes take a parent-death signal here, the one hook of ardit's that vLLM runs in each: the
+AR that started the engine may be SIGKILLed, and vLLM's own shutdown runs only when the AR exits
+cleanly. An AR killed while the engine starts (model load, before this hook) leaves it running until
+it gets here, then it exits.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import queue
+import signal
 import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -46,6 +53,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from ar_service.engine import draft_free
 from ar_service.engine.final_norm import FinalNorm
 from ar_service.engine.row_channel import RowSender
+from services.lifetime import die_with_parent
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -89,6 +97,12 @@ class HiddenStateConnector(KVConnectorBase_V1, SupportsHMA):
         if kv_cache_config is None:
             raise ValueError("HiddenStateConnector needs the KV cache config (vLLM passes it to both roles)")
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        parent = multiprocessing.parent_process()
+        if parent is not None:
+            # EngineCore dies with the AR, the worker with EngineCore, also when the parent died
+            # while the engine was still starting. SIGKILL: nobody is left to read what they would
+            # finish, and a stuck step would not see a SIGTERM.
+            die_with_parent(signal.SIGKILL, parent.pid)
         transfer = vllm_config.kv_transfer_config
         extra = (transfer.kv_connector_extra_config if transfer is not None else None) or {}
         # HiddenStateEngine sets every key from ArSettings, the one home of their defaults.
