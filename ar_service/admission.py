@@ -1,12 +1,19 @@
-"""Admission of image requests against the capacity of the whole AR+DiT pair, with a real queue.
+"""Admission of image requests against the capacity of the whole AR+DiT pair, decided at arrival.
 
 A request is admitted once, here, before any engine work. At most ``capacity`` requests are in
-flight, where ``capacity`` is what the DiT announced it holds (``DitCapacity.max_outstanding``):
-the AR never prefills a request the DiT has no room for, and a busy DiT is never "unavailable".
-Requests beyond that WAIT, first come first served, in a bounded queue, each at most
-``max_wait`` seconds. A request is refused with 429 only when the queue is full or its wait,
-estimated from the observed service rate, would exceed ``max_wait`` — at once, before any work;
-``Retry-After`` is the estimated time until there is room.
+flight, where ``capacity`` is what the DiTs announced they hold (``DitCapacity.max_outstanding``):
+the AR never prefills a request the DiTs have no room for. A request beyond that waits, first come
+first served, if it can start within ``max_wait`` seconds by the pair's measured pace; otherwise it
+is refused with 429 at once, with ``Retry-After`` the time until it could be admitted. A request
+admitted to the queue is served: it leaves the queue only to start, or when its client leaves.
+
+The pace is the mean time between completions while requests wait in line (over the last
+``_WINDOW`` of them): the rate at which a line moves, measured while there is one. Whatever the
+announced capacity, a DiT that renders one run at a time completes one request per render. The
+intervals of a pair that is busy with no line (a lone request: its whole service time; the last
+requests of a burst finishing close together) say little about that rate and are used only until
+the first line is measured. Until the first completion the pace is unknown: one round of
+``capacity`` requests may wait, the rest are refused, at once.
 
 Everything runs on the event loop thread, so plain counters and futures are enough.
 """
@@ -21,24 +28,24 @@ from collections import deque
 from ar_service.metrics import ArMetrics
 from services.errors import Overloaded
 
-# Weight of the newest service time in the running average (about the last ten requests).
-_SMOOTHING = 0.1
+# Completions the pace is the mean of.
+_WINDOW = 32
 # Bounds of Retry-After, in seconds.
 _RETRY_AFTER = (1, 60)
 
 
 class AdmissionTicket:
-    """One admitted request's slot; ``release`` is idempotent."""
+    """One admitted request's slot; ``release`` is idempotent. ``served``: the request's work completed
+    (only those measure the pace; a failure or a client that left says nothing about it)."""
 
     def __init__(self, admission: RequestAdmission) -> None:
         self._admission = admission
-        self._started = time.monotonic()
         self._held = True
 
-    def release(self) -> None:
+    def release(self, served: bool) -> None:
         if self._held:
             self._held = False
-            self._admission.finished(time.monotonic() - self._started)
+            self._admission.finished(served)
 
 
 class RequestAdmission:
@@ -49,84 +56,106 @@ class RequestAdmission:
         self._waiting: deque[asyncio.Future[None]] = deque()
         self._running = 0
         self._capacity = 1
-        self._service_seconds: float | None = None  # running average; None until one finished
+        # Seconds between completions while busy, and those that ended with requests waiting in line.
+        self._busy_intervals: deque[float] = deque(maxlen=_WINDOW)
+        self._line_intervals: deque[float] = deque(maxlen=_WINDOW)
+        self._busy_since: float | None = None
+        self._last_completion = float("-inf")
 
     @property
     def in_flight(self) -> int:
         return self._running
 
     async def admit(self, capacity: int) -> AdmissionTicket:
-        """Wait (FIFO) for a slot among ``capacity``; ``Overloaded`` (429) when there is no room to wait."""
+        """A slot among ``capacity`` now, or after waiting in line; ``Overloaded`` (429) at once when the
+        line is full or the wait would be longer than ``max_wait``."""
         self._capacity = capacity
+        self._start_waiting()  # the DiTs may have announced more room since the last request
         if self._running < capacity and not self._waiting:
-            self._running += 1
-            return self._ticket(queued_seconds=0.0)
-        ahead = len(self._waiting) + 1
-        if ahead > self._max_queued:
+            return self._start(queued_seconds=0.0)
+        ahead = len(self._waiting)
+        if ahead >= self._max_queued:
             raise self._refuse(f"the queue is full ({self._max_queued} requests wait)", ahead)
-        estimate = self._estimated_wait(ahead)
-        if estimate is not None and estimate > self._max_wait:
-            raise self._refuse(f"the wait would be about {estimate:.0f} s, over {self._max_wait:g} s", ahead)
-        loop = asyncio.get_running_loop()
-        turn: asyncio.Future[None] = loop.create_future()
+        wait = self._estimated_wait(ahead)
+        if wait is None and ahead >= capacity:
+            raise self._refuse("the pace of this service is not measured yet; one round may wait", ahead)
+        if wait is not None and wait > self._max_wait:
+            raise self._refuse(f"the wait would be about {wait:.0f} s, over {self._max_wait:g} s", ahead)
+        return await self._wait_in_line()
+
+    @property
+    def pace(self) -> float | None:
+        """Seconds between completions, as the line moves; None until a request has finished."""
+        window = self._line_intervals or self._busy_intervals
+        return sum(window) / len(window) if window else None
+
+    def finished(self, served: bool) -> None:
+        if served:
+            now = time.monotonic()
+            since = max(self._last_completion, self._busy_since if self._busy_since is not None else now)
+            self._busy_intervals.append(now - since)
+            if self._waiting:
+                self._line_intervals.append(now - since)
+            self._metrics.admission_pace_seconds.set(self.pace or 0.0)
+            self._last_completion = now
+        self._end_one()
+
+    def _end_one(self) -> None:
+        self._running -= 1
+        if self._running == 0:
+            self._busy_since = None
+        self._start_waiting()
+
+    async def _wait_in_line(self) -> AdmissionTicket:
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiting.append(turn)
         self._metrics.requests_queued.set(len(self._waiting))
         queued_at = time.monotonic()
-        expiry = loop.call_later(self._max_wait, self._expire, turn)
         try:
             await turn
         except BaseException:
-            # Given up (cancelled by a client that left, or expired): a slot handed over in the
-            # meantime goes to the next in line.
-            if turn.done() and not turn.cancelled() and turn.exception() is None:
-                self._give_back()
+            # The client left: a slot handed over in the meantime goes to the next in line.
+            if turn.done() and not turn.cancelled():
+                self._end_one()
             raise
         finally:
-            expiry.cancel()
             if turn in self._waiting:
                 self._waiting.remove(turn)
             self._metrics.requests_queued.set(len(self._waiting))
-        return self._ticket(queued_seconds=time.monotonic() - queued_at)
+        self._metrics.queue_wait_seconds.observe(time.monotonic() - queued_at)
+        return AdmissionTicket(self)
 
-    def finished(self, service_seconds: float) -> None:
-        average = self._service_seconds
-        self._service_seconds = (
-            service_seconds if average is None else average + _SMOOTHING * (service_seconds - average)
-        )
-        self._give_back()
-
-    def _ticket(self, queued_seconds: float) -> AdmissionTicket:
+    def _start(self, queued_seconds: float) -> AdmissionTicket:
+        self._running += 1
+        if self._busy_since is None:
+            self._busy_since = time.monotonic()
         self._metrics.requests_in_flight.set(self._running)
         self._metrics.queue_wait_seconds.observe(queued_seconds)
         return AdmissionTicket(self)
 
-    def _give_back(self) -> None:
-        self._running -= 1
-        self._metrics.requests_in_flight.set(self._running)
+    def _start_waiting(self) -> None:
         while self._waiting and self._running < self._capacity:
             turn = self._waiting.popleft()
             if not turn.done():
                 self._running += 1
+                if self._busy_since is None:
+                    self._busy_since = time.monotonic()
                 turn.set_result(None)
-
-    def _expire(self, turn: asyncio.Future[None]) -> None:
-        if not turn.done():
-            if turn in self._waiting:
-                self._waiting.remove(turn)
-            turn.set_exception(self._refuse(f"no room within {self._max_wait:g} s", len(self._waiting) + 1))
+        self._metrics.requests_in_flight.set(self._running)
+        self._metrics.requests_queued.set(len(self._waiting))
 
     def _estimated_wait(self, ahead: int) -> float | None:
-        """Seconds until ``ahead`` waiting requests have started, at the observed service rate."""
-        if self._service_seconds is None:
-            return None
-        per_request = self._service_seconds / max(1, self._capacity)
-        return ahead * per_request
+        """Seconds until a request with ``ahead`` requests in line before it starts: one completion each,
+        and one more for its own slot, at the measured pace."""
+        pace = self.pace
+        return None if pace is None else (ahead + 1) * pace
 
     def _refuse(self, why: str, ahead: int) -> Overloaded:
-        estimate = self._estimated_wait(ahead)
-        retry_after = _RETRY_AFTER[0] if estimate is None else min(_RETRY_AFTER[1], max(_RETRY_AFTER[0], estimate))
+        wait = self._estimated_wait(ahead)
+        until_room = _RETRY_AFTER[0] if wait is None else wait - self._max_wait
+        retry_after = min(_RETRY_AFTER[1], max(_RETRY_AFTER[0], until_room))
         return Overloaded(
-            f"too many image requests: {why}; retry shortly",
+            f"too many image requests: {why}; retry in {math.ceil(retry_after)} s",
             code="rate_limit_exceeded",
             retry_after=math.ceil(retry_after),
         )

@@ -26,6 +26,7 @@ from ar_service.engine.hidden_state_engine import HiddenStateEngine
 from ar_service.engine_watch import run_engine
 from ar_service.image_generation import ImageGenerator
 from ar_service.image_store import ImageStore
+from ar_service.input_images import EditMemory
 from ar_service.metrics import ArMetrics
 from ar_service.prompt_builder import PromptBuilder
 from ar_service.readiness import ArReadiness
@@ -33,8 +34,9 @@ from ar_service.settings import ArSettings
 from services.app import create_app
 from services.auth import BearerAuth
 from services.fatal import Fatal
-from services.metrics import new_registry
+from services.metrics import Families, new_registry
 from services.request_gate import RequestGate
+from services.slow_readers import SlowReaders
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,7 @@ def create_ar_app(settings: ArSettings) -> FastAPI:
     admission = RequestAdmission(settings.max_queued_requests, settings.max_queue_wait_seconds, metrics)
     store = ImageStore(settings.image_store_size, settings.image_store_bytes, settings.image_ttl_seconds)
     generator = ImageGenerator(settings, engine, prompts, dits, metrics)
-    validator = RequestValidator(settings, prompts)
+    validator = RequestValidator(settings, prompts, EditMemory(settings.max_edit_memory_bytes))
     serving = ImageServing(settings, readiness, validator, admission, generator, store, metrics)
 
     @contextlib.asynccontextmanager
@@ -76,7 +78,7 @@ def create_ar_app(settings: ArSettings) -> FastAPI:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
             await dits.aclose()
-            await asyncio.to_thread(engine.shutdown)
+            await engine.aclose()
 
     app = create_app(
         "ardit AR service",
@@ -85,6 +87,12 @@ def create_ar_app(settings: ArSettings) -> FastAPI:
         fatal=fatal,
         app_metrics=metrics.app,
         gate=lambda inner: _gate(inner, settings, metrics),
+        slow_readers=SlowReaders(
+            Families(metrics.app.registry, "ar"),
+            send_timeout=settings.send_timeout_seconds,
+            max_responses=settings.max_slow_readers,
+            max_bytes=settings.max_slow_reader_bytes,
+        ),
     )
     app.state.runtime = ArRuntime(settings, engine, prompts, dits, readiness, admission)
     app.include_router(build_router(serving, settings.sse_keepalive_seconds))

@@ -5,19 +5,21 @@ expanded to its IPv4 addresses and re-resolved every ``resolve_seconds``, as a K
 Service gives them. Each replica is tracked actively (its ``/readyz``, which also carries its
 capabilities) and passively (a request that cannot reach it marks it for a fresh probe).
 
-A handoff goes to the ready replica with the fewest outstanding handoffs that still has room
-(its announced ``max_outstanding``). If a replica is unreachable, or refuses before any row was
-sent, the handoff is offered to the next one; once rows went out, it stays where it went: one
-handoff's rows never reach two replicas. A replica that leaves the DNS answer takes no new work
-and is closed when its last handoff ends.
+A request reserves a place at the ready replica with the fewest outstanding handoffs that still has
+room (its announced ``max_outstanding``), before any engine work; a replica that is unreachable,
+not ready or busy refuses the reservation and the next one is asked. The handoff then goes where the
+place is: one request's rows never reach two replicas. A replica that leaves the DNS answer takes no
+new work and is closed when its last handoff ends.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
@@ -27,9 +29,7 @@ from ar_service.dit_peer import DitPeer
 from ar_service.handoff_body import HandoffBody
 from ar_service.handoff_client import (
     DitBusy,
-    DitNotReady,
     DitUnavailable,
-    DitUnreachable,
     HandoffClient,
     HandoffResult,
     PartialImageSink,
@@ -64,6 +64,18 @@ class DitReplica:
         if not self.peer.last.ready or capabilities is None or self.retired:
             return 0
         return capabilities.capacity.max_outstanding - self.outstanding
+
+
+@dataclass(frozen=True)
+class ReservedDit:
+    """A DiT replica holding a place for one request: where its handoff goes."""
+
+    client: HandoffClient
+    request_id: str
+    reservation: str
+
+    async def exchange(self, body: HandoffBody, on_partial_image: PartialImageSink | None = None) -> HandoffResult:
+        return await self.client.exchange(self.request_id, self.reservation, body, on_partial_image)
 
 
 @dataclass
@@ -139,28 +151,48 @@ class DitPool:
         for replica in self.replicas.values():
             replica.peer.forget()
 
-    async def exchange(
-        self, request_id: str, body: HandoffBody, on_partial_image: PartialImageSink | None = None
-    ) -> HandoffResult:
+    @asynccontextmanager
+    async def reserve(self, request_id: str) -> AsyncIterator[ReservedDit]:
+        """A place at the ready replica with the fewest outstanding handoffs that has room, reserved before
+        any engine work; a replica that refuses (busy, not ready, unreachable) is skipped for the next.
+        The place is the request's until the block ends. ``DitBusy`` when every replica asked was full,
+        ``DitUnavailable`` when none could take it for another reason."""
         tried: set[str] = set()
+        busy = False
         while True:
             replica = self._pick(exclude=tried)
             if replica is None:
                 self.forget()  # the next request probes every replica again
-                raise DitUnavailable("no DiT replica is ready with room for this handoff")
+                if busy:
+                    raise DitBusy("every DiT replica is full")
+                raise DitUnavailable("no DiT replica is ready with room for this request")
             tried.add(replica.url)
-            replica.outstanding += 1
+            replica.outstanding += 1  # counted while it is asked: concurrent requests spread out
             try:
-                return await replica.handoff.exchange(request_id, body, on_partial_image)
+                reservation = await _reserved(replica, request_id)
+                break
             except (DitBusy, DitUnavailable) as exc:
+                busy = busy or isinstance(exc, DitBusy)
                 replica.peer.forget()
-                # Rows already sent stay with that replica: the failure is the request's.
-                if exc.rows_sent or not _refused_before_rows(exc):
-                    raise
-                log.warning("DiT replica %s refused or unreachable (%s); trying another", replica.url, exc)
-            finally:
-                replica.outstanding -= 1
-                await self._close_if_done(replica)
+                log.warning("DiT replica %s refused a reservation (%s); trying another", replica.url, exc)
+                await self._done_with(replica)
+            except BaseException:
+                await self._done_with(replica)
+                raise
+        try:
+            yield ReservedDit(replica.handoff, request_id, reservation)
+        except BaseException as exc:
+            if isinstance(exc, DitBusy | DitUnavailable):
+                replica.peer.forget()  # probe it again before it is trusted with the next request
+            # If the handoff never reached the DiT, its place is free again now, not when it lapses.
+            await replica.handoff.cancel(request_id, reservation)
+            raise
+        finally:
+            await self._done_with(replica)
+
+    async def _done_with(self, replica: DitReplica) -> None:
+        replica.outstanding -= 1
+        await self._close_if_done(replica)
 
     def _pick(self, exclude: set[str]) -> DitReplica | None:
         candidates = [r for r in self.replicas.values() if r.url not in exclude and r.room() > 0]
@@ -178,9 +210,16 @@ class DitPool:
         self.replicas.clear()
 
 
-def _refused_before_rows(exc: DitBusy | DitUnavailable) -> bool:
-    """Unreachable (nothing was sent) or an HTTP refusal (503/429) rather than a failure mid-render."""
-    return isinstance(exc, DitUnreachable | DitNotReady | DitBusy)
+async def _reserved(replica: DitReplica, request_id: str) -> str:
+    """``replica``'s reservation for the request. A request cancelled meanwhile (its client left) still
+    lets the answer arrive and gives the place back, rather than leave it held until it lapses."""
+    asking = asyncio.ensure_future(replica.handoff.reserve(request_id))
+    try:
+        return await asyncio.shield(asking)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await replica.handoff.cancel(request_id, await asking)
+        raise
 
 
 async def _expand(target: str) -> list[str]:

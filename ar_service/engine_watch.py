@@ -2,9 +2,9 @@
 
 ``run_engine`` is a task of the app's lifespan. It starts the engine in a worker thread (so
 ``/healthz`` answers at once), runs one tiny request through the whole capture path before traffic
-does, marks readiness, then checks every ``ENGINE_CHECK_SECONDS`` that the engine is alive. An
-engine that fails to start or dies is fatal: readiness turns 503 and the service exits, so its
-supervisor restarts it.
+does, marks readiness, then waits for the engine to die (``HiddenStateEngine.died``). An engine that
+fails to start or dies is fatal: readiness turns 503 and the service exits, so its supervisor restarts
+it (every request in flight learns of the death on its own, and answers 503 ``engine_unavailable``).
 """
 
 from __future__ import annotations
@@ -20,9 +20,6 @@ from ar_service.readiness import ArReadiness
 from services.fatal import Fatal
 
 log = logging.getLogger("ardit.ar.engine_watch")
-
-# How often a running engine is checked for death; readiness turns 503 within this.
-ENGINE_CHECK_SECONDS = 0.2
 
 
 async def run_engine(
@@ -43,8 +40,7 @@ async def run_engine(
         return
     readiness.engine_ready = True
     log.info("AR engine ready (block size %d)", engine.block_size)
-    while not engine.dead:
-        await asyncio.sleep(ENGINE_CHECK_SECONDS)
+    await engine.died()
     _failed(readiness, fatal, "the engine died")
 
 

@@ -71,11 +71,8 @@ class ArTimings:
 
 
 class HandoffBody:
-    """Use as ``async with``: leaving it stops the engine runs that are still going.
-
-    Iterating it again before a ``rows`` frame went out starts it over with nothing lost (the rows
-    wait in the engine runs), so a sender refused before any row may offer it to another DiT.
-    """
+    """Use as ``async with``: leaving it stops the engine runs that are still going. It is sent once:
+    an edit's pixels are let go of as their frames go out."""
 
     def __init__(
         self,
@@ -87,7 +84,7 @@ class HandoffBody:
         pixels: Mapping[PixelRole, bytes],
     ) -> None:
         self._encoder = encoder
-        self._pixels = pixels
+        self._pixels = dict(pixels)
         self._runs = runs
         self._overlap = overlap
         self._received_at = received_at
@@ -111,8 +108,8 @@ class HandoffBody:
     async def __aiter__(self) -> AsyncIterator[BodyFrame]:
         encoder = self._encoder
         yield BodyFrame("open", encoder.open_frame())
-        for role, data in self._pixels.items():
-            yield BodyFrame("pixels", encoder.pixels(role, data))
+        for role in list(self._pixels):
+            yield BodyFrame("pixels", encoder.pixels(role, self._pixels.pop(role)))
         held: list[tuple[StreamName, RowsEvent]] = []
         finished: dict[StreamName, FinishedEvent] = {}
         last_row_at = 0.0

@@ -13,6 +13,7 @@ Failures are typed by what they mean for the public API (the mapping to statuses
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -26,6 +27,8 @@ from shared.frame_types import Buffer
 from shared.frames import StreamName
 from shared.result_frames import (
     HANDOFF_MEDIA_TYPE,
+    RESERVATION_HEADER,
+    RESERVATIONS_PATH,
     DoneFrame,
     ErrorFrame,
     ImageFrame,
@@ -38,11 +41,9 @@ PartialImageSink = Callable[[PartialImageFrame], Awaitable[None]]
 
 class HandoffFailed(Exception):
     """The handoff did not produce images. ``reason`` labels the failure metric; ``retry_after`` is the
-    DiT's ``Retry-After``, when it sent one; ``rows_sent`` says whether a ``rows`` frame had gone out
-    (from then on the handoff belongs to that DiT)."""
+    DiT's ``Retry-After``, when it sent one."""
 
     reason = "failed"
-    rows_sent = False
 
     def __init__(self, message: str, *, retry_after: str | None = None) -> None:
         super().__init__(message)
@@ -62,7 +63,7 @@ class DitUnreachable(DitUnavailable):
 
 
 class DitNotReady(DitUnavailable):
-    """The DiT answered 5xx before any result (not ready, shutting down): it took none of the handoff."""
+    """The DiT answered 5xx before any result (not ready, shutting down): it took none of the request."""
 
     reason = "dit_not_ready"
 
@@ -113,14 +114,12 @@ class _Sending:
         self._body = body
         self.bytes = 0
         self.frames = 0
-        self.rows_sent = False
         self.engine: EngineReport | None = None
 
     async def buffers(self) -> AsyncIterator[Buffer]:
         async for frame in self._body:
             self.frames += 1
             self.bytes += frame.nbytes
-            self.rows_sent = self.rows_sent or frame.kind == "rows"
             self.engine = frame.engine or self.engine
             for buffer in frame.buffers:
                 yield buffer
@@ -139,21 +138,46 @@ class HandoffClient:
         self._token = token
         self._deadline = deadline_seconds
 
+    async def reserve(self, request_id: str) -> str:
+        """A place at the DiT for this request's handoff, before any engine work: the reservation's id.
+        A DiT without room refuses here (``DitBusy``, ``DitNotReady``), so another can be asked."""
+        try:
+            response = await self._client.post(RESERVATIONS_PATH, headers=self._headers(request_id))
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise DitUnreachable(f"DiT unreachable: {type(exc).__name__}") from None
+        except (httpx.TransportError, httpx.TimeoutException) as exc:
+            raise DitUnavailable(f"DiT connection failed or timed out: {type(exc).__name__}") from None
+        if response.status_code != 201:
+            raise _error_from(response)
+        try:
+            return str(response.json()["reservation"])
+        except (ValueError, KeyError, TypeError):
+            raise DitUnavailable("the DiT's reservation answer has no reservation") from None
+
+    async def cancel(self, request_id: str, reservation: str) -> None:
+        """Give a reserved place back (the request ended before its handoff); best effort: a DiT that
+        cannot be told lets the reservation lapse."""
+        with contextlib.suppress(httpx.HTTPError):
+            await self._client.delete(
+                f"{RESERVATIONS_PATH}/{reservation}", headers=self._headers(request_id), timeout=2.0
+            )
+
     async def exchange(
-        self, request_id: str, body: HandoffBody, on_partial_image: PartialImageSink | None = None
+        self, request_id: str, reservation: str, body: HandoffBody, on_partial_image: PartialImageSink | None = None
     ) -> HandoffResult:
-        headers = {"content-type": HANDOFF_MEDIA_TYPE, "x-request-id": request_id}
-        if self._token:
-            headers["authorization"] = f"Bearer {self._token}"
-        sending = _Sending(body)
+        """Send ``body`` in the place ``reservation`` holds; the images, and a report of what was sent."""
+        headers = {**self._headers(request_id), "content-type": HANDOFF_MEDIA_TYPE, RESERVATION_HEADER: reservation}
         try:
             async with asyncio.timeout(self._deadline):
-                return await self._exchange(headers, sending, on_partial_image)
+                return await self._exchange(headers, _Sending(body), on_partial_image)
         except TimeoutError:
             raise DitUnavailable(f"the DiT did not finish within {self._deadline:g} s") from None
-        except HandoffFailed as failed:
-            failed.rows_sent = sending.rows_sent
-            raise
+
+    def _headers(self, request_id: str) -> dict[str, str]:
+        headers = {"x-request-id": request_id}
+        if self._token:
+            headers["authorization"] = f"Bearer {self._token}"
+        return headers
 
     async def _exchange(
         self, headers: dict[str, str], sending: _Sending, on_partial_image: PartialImageSink | None

@@ -2,24 +2,28 @@
 
 ``ImageGenerator.generate`` takes a ``GenerationRequest`` (made only by ``api/validation.py``, after
 every check: its prompts are already templated and within the limits), starts the engine runs of its
-streams inside a ``HandoffBody``, and hands that body to the DiTs (``DitPool``), which stream it and
-return the images with a report of what was sent. The result comes back as a ``GenerationResult``:
-images, token usage, stage timings. Nothing calls back into this module: data flows one way.
+streams inside a ``HandoffBody`` once a DiT has reserved it a place (``DitPool``), and sends that body
+to the DiT, which returns the images with a report of what was sent. The result comes back as a
+``GenerationResult``: images, token usage, stage timings. Nothing calls back into this module: data
+flows one way. An engine that dies meanwhile ends the request at once with ``EngineUnavailable``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
-from ar_service.engine.hidden_state_engine import EngineRequest, HiddenStateEngine
+from ar_service.dit_pool import ReservedDit
+from ar_service.engine.hidden_state_engine import EngineRequest, EngineUnavailable, HiddenStateEngine
 from ar_service.engine.row_channel import RowQueueOverflow
 from ar_service.handoff_body import ArTimings, HandoffBody
 from ar_service.handoff_client import HandoffFailed, HandoffResult, PartialImageSink
@@ -38,12 +42,10 @@ log = logging.getLogger("ardit.ar.generation")
 tracer = trace.get_tracer("ardit.ar")
 
 
-class DitExchange(Protocol):
-    """Where a handoff body goes: one DiT (``HandoffClient``) or a pool of them (``DitPool``)."""
+class DiTs(Protocol):
+    """Where a request's handoff goes: a place reserved at a DiT (``DitPool``), before any engine work."""
 
-    async def exchange(
-        self, request_id: str, body: HandoffBody, on_partial_image: PartialImageSink | None = None
-    ) -> HandoffResult: ...
+    def reserve(self, request_id: str) -> AbstractAsyncContextManager[ReservedDit]: ...
 
 
 @dataclass(frozen=True)
@@ -51,14 +53,21 @@ class EditHandoff:
     """An edit as it travels: what the open frame announces, and the pixels frames that follow it."""
 
     spec: EditSpec
-    pixels: EditPixels
+    frames: dict[PixelRole, bytes]
 
-    @property
-    def frames(self) -> dict[PixelRole, bytes]:
-        frames: dict[PixelRole, bytes] = {"image": self.pixels.image}
-        if self.pixels.mask is not None:
-            frames["mask"] = self.pixels.mask
-        return frames
+    @classmethod
+    def of(cls, strength: float, pixels: EditPixels) -> EditHandoff:
+        frames: dict[PixelRole, bytes] = {"image": pixels.image}
+        if pixels.mask is not None:
+            frames["mask"] = pixels.mask
+        return cls(EditSpec(strength=strength, mask=pixels.mask is not None), frames)
+
+    def take_frames(self) -> dict[PixelRole, bytes]:
+        """The pixels, given up once to whoever sends them: with the only reference, they are freed as soon
+        as they are written, not when the request ends."""
+        taken = dict(self.frames)
+        self.frames.clear()
+        return taken
 
 
 @dataclass(frozen=True)
@@ -96,7 +105,7 @@ class ImageGenerator:
     settings: ArSettings
     engine: HiddenStateEngine
     prompts: PromptBuilder
-    dits: DitExchange
+    dits: DiTs
     metrics: ArMetrics
 
     async def generate(
@@ -115,17 +124,9 @@ class ImageGenerator:
         with tracer.start_as_current_span(
             "ardit.ar.handoff", kind=SpanKind.CLIENT, attributes={"ardit.request_id": request.request_id}
         ) as span:
-            body = HandoffBody(
-                HandoffEncoder(self._open_frame(request, engine_requests)),
-                {name: self.engine.run(r) for name, r in engine_requests.items()},
-                overlap=self.settings.overlap_handoff,
-                received_at=request.received_at,
-                pixels=request.edit.frames if request.edit is not None else {},
-            )
             self.metrics.handoffs_in_flight.inc()
             try:
-                async with body:
-                    result = await self.dits.exchange(request.request_id, body, on_partial_image)
+                result = await _unless_dead(self.engine, self._handoff(request, engine_requests, on_partial_image))
             except (HandoffFailed, RowQueueOverflow) as exc:
                 reason = exc.reason if isinstance(exc, HandoffFailed) else ROW_BUFFER_OVERFLOW
                 log.warning("handoff failed (%s): %s", reason, exc)
@@ -139,6 +140,26 @@ class ImageGenerator:
                 {"ardit.handoff.sent_bytes": report.bytes_sent, "ardit.handoff.sent_frames": report.frames_sent}
             )
         return self._result(request, result)
+
+    async def _handoff(
+        self,
+        request: GenerationRequest,
+        engine_requests: Mapping[StreamName, EngineRequest],
+        on_partial_image: PartialImageSink | None,
+    ) -> HandoffResult:
+        if self.engine.dead:
+            raise EngineUnavailable("the AR engine died")
+        # A place at a DiT first: a full or absent DiT costs no engine work.
+        async with self.dits.reserve(request.request_id) as dit:
+            body = HandoffBody(
+                HandoffEncoder(self._open_frame(request, engine_requests)),
+                {name: self.engine.run(r) for name, r in engine_requests.items()},
+                overlap=self.settings.overlap_handoff,
+                received_at=request.received_at,
+                pixels=request.edit.take_frames() if request.edit is not None else {},
+            )
+            async with body:
+                return await dit.exchange(body, on_partial_image)
 
     def _open_frame(self, request: GenerationRequest, engine_requests: Mapping[StreamName, EngineRequest]) -> OpenFrame:
         return OpenFrame(
@@ -192,3 +213,20 @@ class ImageGenerator:
         }
         revised = self.prompts.decode(cond.generated_token_ids) if request.max_new_tokens > 1 else None
         return GenerationResult(images=result.images, usage=usage, revised_prompt=revised, timings=timings)
+
+
+async def _unless_dead(engine: HiddenStateEngine, work: Coroutine[Any, Any, HandoffResult]) -> HandoffResult:
+    """``work``'s result, or ``EngineUnavailable`` as soon as the engine dies, whatever stage the request is
+    at (queued in the engine, prefilling, handing off, or rendering at the DiT): the service is about to
+    exit, and every request in flight answers 503 rather than be cut when it does."""
+    task = asyncio.ensure_future(work)
+    death = asyncio.ensure_future(engine.died())
+    try:
+        done, _ = await asyncio.wait({task, death}, return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
+            return task.result()
+        raise EngineUnavailable("the AR engine died")
+    finally:
+        task.cancel()
+        death.cancel()
+        await asyncio.gather(task, death, return_exceptions=True)

@@ -13,14 +13,34 @@ import secrets
 from dataclasses import dataclass
 
 from cachetools import TTLCache
+from starlette.convertors import Convertor, register_url_convertor
 
-MEDIA_TYPES = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp"}
+from shared.diffusion import MEDIA_TYPES, OutputFormat
+
+# What an image's URL ends in: its id (``img_`` and 144 random bits, URL-safe base64) and its format.
+IMAGE_NAME = r"img_[A-Za-z0-9_-]{24}\.(?:" + "|".join(MEDIA_TYPES) + ")"
+
+
+class ImageName(Convertor[str]):
+    """A path segment that is an image's name and nothing else, so ``GET /v1/images/generations`` is the
+    generations route with the wrong method (405), not an image that is not there."""
+
+    regex = IMAGE_NAME
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("image_name", ImageName())
 
 
 @dataclass(frozen=True)
 class StoredImage:
     data: bytes
-    output_format: str
+    output_format: OutputFormat
 
     @property
     def media_type(self) -> str:
@@ -39,7 +59,7 @@ class ImageStore:
             maxsize=max_bytes, ttl=ttl_seconds, getsizeof=lambda image: len(image.data)
         )
 
-    def put(self, data: bytes, output_format: str) -> str:
+    def put(self, data: bytes, output_format: OutputFormat) -> str:
         """Keep an image; its file name (id and extension) for the URL."""
         if len(data) > self.max_bytes:
             raise ImageTooLargeForStore(f"an image of {len(data)} bytes is over the store's {self.max_bytes}")

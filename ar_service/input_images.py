@@ -1,14 +1,20 @@
-"""An edit's uploads → the pixels the DiT starts from, checked before anything is decoded.
+"""An edit's uploads → the pixels the DiT starts from, everything checked before anything is decoded.
 
-Pillow reads an image's header first (``Image.open`` is lazy): its format must be one OpenAI
-accepts (PNG, JPEG or WebP; the mask PNG only) and its width x height within
-``max_input_pixels``, so a decompression bomb — a small file that declares a huge image — is
-refused before a pixel of it is allocated. Only then is it decoded (a truncated or corrupt file
-fails here), turned upright by its EXIF orientation, and resized to the output size.
+Two steps. ``read_upload`` reads only the headers (``Image.open`` is lazy): each file's format must be
+one OpenAI accepts (PNG, JPEG or WebP; the mask PNG only) and its width x height within
+``max_input_pixels``, so a decompression bomb — a small file that declares a huge image — is refused
+before a pixel of it is allocated. From the header the caller derives the output size (``size`` as
+asked, or ``auto``: ``OutputSize``) and checks it against what the DiT draws, and holds the memory the
+edit will need (``EditMemory``); only then is ``decode_edit`` run (in a worker thread): the image is
+decoded (a truncated or corrupt file fails here), turned upright by its EXIF orientation, and resized
+to the output size. An upright turn swaps width and height, which changes neither the pixel count nor
+what ``auto`` makes of it (it swaps the output's sides too), so the checks made on the header hold
+for the decoded image.
 
 The mask follows OpenAI: a PNG of the first image's size whose fully transparent pixels (alpha 0)
 are the region to edit. It travels as one channel, 255 where the DiT repaints and 0 elsewhere.
-Every refusal is a 400 naming ``image`` or ``mask``.
+Every refusal is a 400 naming ``image`` or ``mask``, or a 429 when the edits in hand already hold
+``ARDIT_AR_MAX_EDIT_MEMORY_BYTES``.
 """
 
 from __future__ import annotations
@@ -20,10 +26,17 @@ from dataclasses import dataclass
 import PIL.Image
 import PIL.ImageOps
 
-from services.errors import ApiError
+from services.errors import ApiError, Overloaded
+from shared.frames import PIXEL_CHANNELS, PixelRole
 
 IMAGE_FORMATS = ("PNG", "JPEG", "WEBP")
 MASK_FORMATS = ("PNG",)
+# Bytes an input pixel may take while ``decode_edit`` runs, at once: the image decoded (up to 4 bands),
+# its upright copy and its RGB conversion (4 + 4 + 3); the mask decoded, as RGBA, its alpha and the
+# repaint map (4 + 4 + 1 + 1).
+DECODE_BYTES_PER_INPUT_PIXEL: dict[PixelRole, int] = {"image": 11, "mask": 10}
+# And per output pixel and channel: the resized image and the bytes taken from it.
+RESIZE_COPIES = 2
 
 
 @dataclass(frozen=True)
@@ -44,6 +57,27 @@ class OutputSize:
 
 
 @dataclass(frozen=True)
+class EditUpload:
+    """An edit's files, their headers read and checked, nothing decoded."""
+
+    image: PIL.Image.Image
+    mask: PIL.Image.Image | None
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return self.image.size
+
+    def memory(self, width: int, height: int) -> int:
+        """Bytes the edit holds at most, for an output of ``width`` x ``height``: while it is decoded and
+        resized, and then the pixels sent to the DiT."""
+        parts: list[PixelRole] = ["image"] if self.mask is None else ["image", "mask"]
+        input_pixels = self.image.width * self.image.height
+        decoding = sum(input_pixels * DECODE_BYTES_PER_INPUT_PIXEL[part] for part in parts)
+        resizing = sum(width * height * PIXEL_CHANNELS[part] * RESIZE_COPIES for part in parts)
+        return decoding + resizing
+
+
+@dataclass(frozen=True)
 class EditPixels:
     """The image (RGB, row-major, ``height x width x 3``) and mask (``height x width``) as sent."""
 
@@ -53,36 +87,68 @@ class EditPixels:
     mask: bytes | None
 
 
-def decode_edit(image: bytes, mask: bytes | None, size: OutputSize, max_input_pixels: int) -> EditPixels:
-    """Blocking (decoding is CPU work): call it in a worker thread."""
+class EditMemory:
+    """The memory the AR's edits in hand (from their upload to their end) may hold together."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self._max = max_bytes
+        self.held = 0
+
+    def hold(self, nbytes: int) -> Held:
+        if self.held + nbytes > self._max:
+            raise Overloaded(
+                f"the edits in hand already hold {self.held} of {self._max} bytes; this one needs {nbytes}",
+                code="rate_limit_exceeded",
+                retry_after=1,
+            )
+        self.held += nbytes
+        return Held(self, nbytes)
+
+
+class Held:
+    """One edit's share of ``EditMemory``; ``release`` is idempotent."""
+
+    def __init__(self, memory: EditMemory, nbytes: int) -> None:
+        self._memory = memory
+        self._nbytes = nbytes
+
+    def release(self) -> None:
+        self._memory.held -= self._nbytes
+        self._nbytes = 0
+
+
+def read_upload(image: bytes, mask: bytes | None, max_input_pixels: int) -> EditUpload:
+    """The files' headers, checked; nothing is decoded (cheap: it may run on the event loop)."""
     opened = _opened(image, "image", IMAGE_FORMATS, max_input_pixels)
-    # The mask is checked before the image is decoded: a request that will be refused costs no decode.
     opened_mask = _opened(mask, "mask", MASK_FORMATS, max_input_pixels) if mask is not None else None
-    upright = _decoded(opened, "image")
-    width, height = size.for_input(upright.width, upright.height)
-    pixels = _resized(upright.convert("RGB"), width, height, PIL.Image.Resampling.LANCZOS)
-    if opened_mask is None:
-        return EditPixels(width, height, pixels.tobytes(), None)
-    if opened_mask.size != upright.size:
+    if opened_mask is not None and opened_mask.size != opened.size:
         raise ApiError(
             400,
             f"the mask is {opened_mask.width}x{opened_mask.height}; it must be the image's size, "
-            f"{upright.width}x{upright.height}",
+            f"{opened.width}x{opened.height}",
             param="mask",
             code="invalid_image_size",
         )
-    if "A" not in opened_mask.getbands() and "transparency" not in opened_mask.info:
+    if opened_mask is not None and "A" not in opened_mask.getbands() and "transparency" not in opened_mask.info:
         raise ApiError(
             400,
             "the mask needs an alpha channel: its fully transparent pixels mark where to edit",
             param="mask",
             code="invalid_image_format",
         )
-    alpha = _decoded(opened_mask, "mask").convert("RGBA").getchannel("A")
+    return EditUpload(opened, opened_mask)
+
+
+def decode_edit(upload: EditUpload, size: OutputSize) -> EditPixels:
+    """The upload decoded, upright and resized to ``size``. Blocking: call it in a worker thread."""
+    upright = _decoded(upload.image, "image")
+    width, height = size.for_input(upright.width, upright.height)
+    pixels = _resized(upright.convert("RGB"), width, height, PIL.Image.Resampling.LANCZOS).tobytes()
+    if upload.mask is None:
+        return EditPixels(width, height, pixels, None)
+    alpha = _decoded(upload.mask, "mask").convert("RGBA").getchannel("A")
     repaint = alpha.point(lambda a: 255 if a == 0 else 0)
-    return EditPixels(
-        width, height, pixels.tobytes(), _resized(repaint, width, height, PIL.Image.Resampling.NEAREST).tobytes()
-    )
+    return EditPixels(width, height, pixels, _resized(repaint, width, height, PIL.Image.Resampling.NEAREST).tobytes())
 
 
 def _opened(data: bytes, param: str, formats: tuple[str, ...], max_pixels: int) -> PIL.Image.Image:

@@ -69,6 +69,11 @@ class ArMetrics:
         )
         self.requests_in_flight = f.gauge("requests_in_flight", "Requests being served.")
         self.requests_queued = f.gauge("requests_queued", "Requests waiting for a slot.")
+        self.admission_pace_seconds = f.gauge(
+            "admission_pace_seconds",
+            "The pair's measured time between completions while requests wait (admission's wait estimate; "
+            "0 until measured).",
+        )
         self.queue_wait_seconds = f.histogram(
             "queue_wait_seconds", "Time a request waited for room at the DiT.", LATENCY_BUCKETS
         )
@@ -97,7 +102,10 @@ class ArMetrics:
         self.handoff_failures = f.counter(
             "handoff_failures", "Handoffs that failed, by reason.", ("reason",), start=handoff_failure_reasons()
         )
-        self.handoffs_in_flight = f.gauge("handoffs_in_flight", "Handoffs being streamed to the DiT.")
+        self.handoffs_in_flight = f.gauge(
+            "handoffs_in_flight",
+            "Requests holding a DiT place: reserving it, streaming to the DiT, awaiting the images.",
+        )
         self.build_info = f.info("build", "Version, model, dtype, device, conditioning, prefix caching.")
         self.vllm = VllmFamilies()
         registry.register(self.vllm)

@@ -115,6 +115,11 @@ class ArSettings(BaseSettings):
     max_edit_input_pixels: Positive = Field(
         4096 * 4096, description="Largest width*height of an uploaded image or mask, checked before decoding it."
     )
+    max_edit_memory_bytes: Positive = Field(
+        512 << 20,
+        description="Memory the edits in hand may hold together (each counted at its decoding peak, from its decode "
+        "to the end of its request); an edit past it is refused at once (429).",
+    )
     request_body_timeout_seconds: Seconds = Field(
         10.0, description="A request body must arrive within this, or the answer is 408."
     )
@@ -122,7 +127,20 @@ class ArSettings(BaseSettings):
         256, description="Requests waiting for room at the DiT (in flight: what the DiT announces); beyond: 429."
     )
     max_queue_wait_seconds: Seconds = Field(
-        120.0, description="Longest wait in the queue; a request that would wait longer is refused at once (429)."
+        120.0,
+        description="A request that would wait longer than this for a slot, at the pair's measured pace, is refused "
+        "at once (429); one that is admitted is served.",
+    )
+    send_timeout_seconds: Seconds = Field(
+        60.0,
+        description="A client that takes no byte of its answer for this long is cut off (its capacity was given "
+        "back when the work ended); 60 s lets a 1 Mbit/s link drain the buffers in front of it.",
+    )
+    max_slow_readers: Positive = Field(
+        64, description="Answers that may wait on clients that stopped reading; one more is cut off at once."
+    )
+    max_slow_reader_bytes: Positive = Field(
+        256 << 20, description="Bytes that may wait for clients that stopped reading; past it they are cut off."
     )
     sse_keepalive_seconds: Seconds = Field(
         10.0, description="Keep-alive comment interval on event streams, so proxies do not cut a silent render."

@@ -67,9 +67,7 @@ def serve_receiver(http_port: int, raw_port: int, raw_bytes: int) -> None:
     import uvicorn
     from prometheus_client import CollectorRegistry
 
-    from dit_service.handoff_intake import HandoffIntake
-    from dit_service.metrics import DitMetrics
-    from dit_service.settings import DitSettings
+    from dit_service import DitMetrics, DitSettings, HandoffIntake
     from shared.result_frames import HANDOFF_MEDIA_TYPE, DoneFrame, encode_result
     from shared.row_buffer_pool import RowBufferPool
 
@@ -84,6 +82,10 @@ def serve_receiver(http_port: int, raw_port: int, raw_bytes: int) -> None:
         RowBufferPool(settings.idle_row_buffer_bytes) if settings.idle_row_buffer_bytes else None,
     )
     app = FastAPI()
+
+    @app.post("/v1/handoff/reservations", status_code=201)
+    async def reserve() -> dict[str, object]:
+        return {"reservation": "bench", "expires_in": 30.0}  # a sink with room for everyone
 
     @app.post("/v1/handoff")
     async def handoff(request: Request) -> StreamingResponse:
@@ -174,7 +176,8 @@ async def http_handoff(client: HandoffClient, rows: torch.Tensor, token_ids: lis
     encoder = HandoffEncoder(open_frame(n))
     body = HandoffBody(encoder, {"cond": run.events()}, overlap=True, received_at=time.perf_counter(), pixels={})
     async with body:
-        result = await client.exchange(encoder.open.request_id, body)
+        reservation = await client.reserve(encoder.open.request_id)
+        result = await client.exchange(encoder.open.request_id, reservation, body)
     report = result.report
     assert run.first_ready is not None and run.last_ready is not None
     assert result.done.request_id == encoder.open.request_id

@@ -1,4 +1,4 @@
-"""64 clients at once against `make run`'s pair at its default settings.
+"""64 clients at once against `make run`'s pair at its default settings, then a burst 3x past capacity.
 
 The launcher (``python -m services.launcher``) starts both services exactly as ``make run`` does,
 on free loopback ports. Then ``--clients`` requests (distinct seeds, ``--size``, ``--steps``) are
@@ -7,14 +7,22 @@ must come back in under 100 ms), throughput, latency p10/p50/p90/p99, and the qu
 distribution (the AR's ``server-timing`` ``queue`` stage: arrival to engine submission, which is
 the admission wait plus a few ms).
 
-    python benchmarks/load.py [--clients 64] [--rounds 3] [--size 64x64] [--steps 2]
+The last round, "3x over capacity", sizes a burst from what the pair says of itself after those
+rounds: it can serve ``capacity`` (the DiT's announced places) plus the requests that can start
+within the AR's maximum queue wait at its measured pace (``ardit_ar_admission_pace_seconds``),
+at most its queue length; the burst is three times that, all at once. Every answer must be a 200,
+or a 429 within 100 ms; the round reports both latency distributions and a histogram by status.
+
+    python benchmarks/load.py [--clients 64] [--rounds 3] [--size 64x64] [--steps 2] [--over 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import concurrent.futures
 import json
+import math
 import os
 import platform
 import signal
@@ -28,7 +36,14 @@ from pathlib import Path
 import httpx
 import paired
 
+paired.use_this_checkout()
+
+from ar_service import ArSettings  # noqa: E402
+from shared.capabilities import DitCapabilities  # noqa: E402
+
 RESULTS = Path(__file__).parent / "results"
+# Upper bounds of the latency histogram of the over-capacity round, in seconds.
+HISTOGRAM_BOUNDS = (0.01, 0.025, 0.05, 0.1, 0.25, 1, 10, 30, 60, 120, 300, math.inf)
 
 
 def quantiles(values: list[float]) -> dict[str, float]:
@@ -68,6 +83,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--size", default="64x64")
     parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--over", type=float, default=3.0, help="the burst, as a multiple of what can be served")
     parser.add_argument("--out", type=Path, default=RESULTS / "load.json")
     args = parser.parse_args()
     load_before = os.getloadavg()[0]
@@ -108,6 +124,8 @@ def main() -> None:
                 }
             )
             print(json.dumps(rounds[-1]))
+        over = asyncio.run(over_capacity(url, f"http://127.0.0.1:{dit_port}", args.over, args.size, args.steps))
+        print(json.dumps({k: v for k, v in over.items() if k != "histogram"}))
     finally:
         launcher.send_signal(signal.SIGINT)
         launcher.wait(120)
@@ -124,9 +142,86 @@ def main() -> None:
         "size": args.size,
         "steps": args.steps,
         "rounds": rounds,
+        "over_capacity": over,
     }
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")
+
+
+def metric(url: str, name: str) -> float:
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise LookupError(name)
+
+
+async def over_capacity(ar_url: str, dit_url: str, over: float, size: str, steps: int) -> dict:
+    """A burst of ``over`` x what the pair can serve within its maximum wait, all at once."""
+    defaults = ArSettings()
+    readyz = httpx.get(f"{dit_url}/readyz", timeout=10).json()
+    capacity = DitCapabilities.model_validate(readyz["capabilities"]).capacity.max_outstanding
+    pace = metric(ar_url, "ardit_ar_admission_pace_seconds")
+    servable = capacity + min(defaults.max_queued_requests, math.floor(defaults.max_queue_wait_seconds / pace))
+    burst = math.ceil(over * servable)
+    host, port = ar_url.removeprefix("http://").split(":")
+
+    def request(seed: int) -> bytes:
+        body = {"prompt": f"a red square number {seed % 8}", "size": size, "seed": seed, "num_inference_steps": steps}
+        data = json.dumps(body).encode()
+        head = (
+            "POST /v1/images/generations HTTP/1.1\r\nHost: ar\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n"
+        )
+        return head.encode() + data
+
+    # Raw HTTP/1.1 written in advance on connections opened in advance, then all sent at once: the client
+    # does next to nothing per request, so a latency (request written → status line read) is the server's.
+    # (An httpx client's own few ms per request, or one process opening hundreds of connections one
+    # after another, would add up over a burst and be measured instead.)
+    async def one(connection: tuple[asyncio.StreamReader, asyncio.StreamWriter], raw: bytes) -> tuple[int, float]:
+        reader, writer = connection
+        started = time.monotonic()
+        writer.write(raw)
+        status = int((await reader.readline()).split()[1])
+        seconds = time.monotonic() - started
+        await reader.read()
+        writer.close()
+        return status, seconds
+
+    requests = [request(10_000 + i) for i in range(burst)]
+    connections = await asyncio.gather(*(asyncio.open_connection(host, int(port)) for _ in requests))
+    started = time.monotonic()
+    results = await asyncio.gather(*(one(c, raw) for c, raw in zip(connections, requests, strict=True)))
+    wall = time.monotonic() - started
+    by_status: dict[str, list[float]] = {}
+    for status, seconds in results:
+        by_status.setdefault(str(status), []).append(seconds)
+    refused = by_status.get("429", [])
+    histogram = {
+        status: {f"<= {bound:g} s": sum(1 for s in seconds if s <= bound and s > low) for low, bound in _bands()}
+        for status, seconds in by_status.items()
+    }
+    return {
+        "sizing": {
+            "capacity": capacity,
+            "pace_seconds": pace,
+            "max_queue_wait_seconds": defaults.max_queue_wait_seconds,
+            "max_queued_requests": defaults.max_queued_requests,
+            "servable": servable,
+            "burst": burst,
+        },
+        "wall_seconds": wall,
+        "statuses": {status: len(seconds) for status, seconds in by_status.items()},
+        "latency_200_seconds": quantiles(by_status.get("200", [])),
+        "latency_429_seconds": quantiles(refused),
+        "refused_in_100_ms": sum(1 for s in refused if s < 0.1),
+        "neither_200_nor_429": sum(1 for status, _ in results if status not in (200, 429)),
+        "histogram": histogram,
+    }
+
+
+def _bands() -> list[tuple[float, float]]:
+    return list(zip((-math.inf, *HISTOGRAM_BOUNDS[:-1]), HISTOGRAM_BOUNDS, strict=True))
 
 
 def _ready(url: str) -> bool:

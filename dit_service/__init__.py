@@ -13,6 +13,7 @@ __version__ = "0.1.0"
 
 from dit_service.app import create_dit_app
 from dit_service.conditioning import Conditioning, ConditioningAdapters, ConditioningOptions
+from dit_service.handoff_intake import HandoffIntake
 from dit_service.image_encoder import ImageEncoder
 from dit_service.metrics import DitMetrics
 from dit_service.model import DitModel
@@ -28,6 +29,7 @@ __all__ = [
     "DitMetrics",
     "DitModel",
     "DitSettings",
+    "HandoffIntake",
     "ImageEncoder",
     "RenderItem",
     "RenderJob",

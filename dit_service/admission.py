@@ -1,10 +1,16 @@
 """Bounded concurrency: refuse at once (429 + Retry-After) rather than queue without bound.
 
-Two resources. A *handoff slot* is held while a handoff's body is being received (it bounds row
-buffers in memory). A *run ticket* is taken when a handoff completes and held until its pipeline
-run has finished; there are ``max_pipeline_runs + pipeline_queue_size`` of them, of which at most
-``max_pipeline_runs`` execute at once (``run_slots``). A new handoff is refused up front when
-either is exhausted, so senders do not stream rows that could not be rendered.
+A *place* is what one request holds at this DiT, from the moment it is taken to the end of its
+pipeline run: while its rows arrive, while it waits for a run, while it runs. There are
+``min(max_handoffs, max_runs + queue_size)`` of them (what the DiT announces as ``max_outstanding``),
+and at most ``max_runs`` runs execute at once (``run_slots``).
+
+A sender takes a place in one of two ways. It *reserves* one (``POST /v1/handoff/reservations``)
+before it does any work of its own — so an AR learns that this DiT is full before it runs the prompt
+through its engine, and can offer the request to another replica — and then names the reservation
+when its handoff arrives; an unused reservation lapses after ``reservation_seconds``. Or its handoff
+takes a free place when it arrives. Either way a handoff that has a place is never refused later for
+lack of room: its rows are not received only to be thrown away.
 
 Everything here runs on the event loop thread, so plain counters are enough.
 """
@@ -12,13 +18,15 @@ Everything here runs on the event loop thread, so plain counters are enough.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+import secrets
+from collections.abc import Callable
 
 from services.errors import Overloaded
 
 
-class RunTicket:
+class Place:
+    """One request's place; ``release`` (at the end of its run, or when its handoff fails) is idempotent."""
+
     def __init__(self, give_back: Callable[[], None]) -> None:
         self._give_back = give_back
         self._held = True
@@ -30,36 +38,57 @@ class RunTicket:
 
 
 class AdmissionControl:
-    def __init__(self, max_handoffs: int, max_runs: int, queue_size: int, retry_after_seconds: int) -> None:
-        self._max_handoffs = max_handoffs
-        self._max_tickets = max_runs + queue_size
-        self._retry_after = retry_after_seconds
-        self._receiving = 0
-        self._tickets = 0
+    def __init__(
+        self, max_handoffs: int, max_runs: int, queue_size: int, retry_after_seconds: int, reservation_seconds: float
+    ) -> None:
+        self.places = min(max_handoffs, max_runs + queue_size)
         self.run_slots = asyncio.Semaphore(max_runs)
+        self._retry_after = retry_after_seconds
+        self.reservation_seconds = reservation_seconds
+        self._taken = 0
+        self._reservations: dict[str, asyncio.TimerHandle] = {}
 
-    @contextmanager
-    def handoff_slot(self) -> Iterator[None]:
-        if self._receiving >= self._max_handoffs:
-            raise self._busy(f"{self._max_handoffs} handoffs are already being received", "too_many_handoffs")
-        self._check_tickets()
-        self._receiving += 1
-        try:
-            yield
-        finally:
-            self._receiving -= 1
+    @property
+    def taken(self) -> int:
+        """Places held: reserved, receiving, waiting for a run or running."""
+        return self._taken
 
-    def run_ticket(self) -> RunTicket:
-        self._check_tickets()
-        self._tickets += 1
-        return RunTicket(self._return_ticket)
+    def reserve(self) -> str:
+        """A place held for the handoff that names the returned id, for ``reservation_seconds``."""
+        self._take()
+        reservation = secrets.token_urlsafe(12)
+        self._reservations[reservation] = asyncio.get_running_loop().call_later(
+            self.reservation_seconds, self._lapse, reservation
+        )
+        return reservation
 
-    def _return_ticket(self) -> None:
-        self._tickets -= 1
+    def cancel(self, reservation: str) -> None:
+        """The sender will not send the handoff after all: its place is free again (unknown ids: nothing)."""
+        self._lapse(reservation)
 
-    def _check_tickets(self) -> None:
-        if self._tickets >= self._max_tickets:
-            raise self._busy(f"the pipeline queue is full ({self._max_tickets} runs admitted)", "pipeline_queue_full")
+    def place(self, reservation: str | None) -> Place:
+        """A handoff's place: the one ``reservation`` holds, else a free one now (429 if none is)."""
+        timer = self._reservations.pop(reservation, None) if reservation is not None else None
+        if timer is not None:
+            timer.cancel()
+        else:
+            self._take()
+        return Place(self._give_back)
 
-    def _busy(self, message: str, code: str) -> Overloaded:
-        return Overloaded(message, code=code, retry_after=self._retry_after)
+    def _take(self) -> None:
+        if self._taken >= self.places:
+            raise Overloaded(
+                f"every place is taken ({self.places}: handoffs being received, waiting for a run or running)",
+                code="dit_full",
+                retry_after=self._retry_after,
+            )
+        self._taken += 1
+
+    def _give_back(self) -> None:
+        self._taken -= 1
+
+    def _lapse(self, reservation: str) -> None:
+        timer = self._reservations.pop(reservation, None)
+        if timer is not None:
+            timer.cancel()
+            self._give_back()

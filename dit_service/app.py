@@ -36,6 +36,7 @@ def create_dit_app(settings: DitSettings) -> FastAPI:
         max_runs=settings.max_pipeline_runs,
         queue_size=settings.pipeline_queue_size,
         retry_after_seconds=settings.retry_after_seconds,
+        reservation_seconds=settings.reservation_seconds,
     )
     state: ModelState[HandoffServices] = ModelState(settings.retry_after_seconds, _announcement, fatal)
     load = functools.partial(DitModel.load, settings.model_dir, settings.device, settings.torch_dtype_name)

@@ -95,17 +95,7 @@ class DitMetrics:
             start=PIPELINE_FAILURE_REASONS,
         )
         self.build_info = f.info("build", "Version, model tag, dtype and device.")
-        # Declared always (docs/operating.md lists them), exported only when the pipeline is on CUDA.
-        self.gpu_memory_allocated_bytes = Gauge(
-            "ardit_dit_gpu_memory_allocated_bytes",
-            "GPU memory held by the pipeline's tensors (CUDA only).",
-            registry=None,
-        )
-        self.gpu_memory_reserved_bytes = Gauge(
-            "ardit_dit_gpu_memory_reserved_bytes",
-            "GPU memory reserved by PyTorch's caching allocator, allocated plus cached (CUDA only).",
-            registry=None,
-        )
+        self.gpu_memory_allocated_bytes, self.gpu_memory_reserved_bytes = _gpu_memory_gauges()
         if cuda_device is not None and cuda_device.type == "cuda":
             self._export_gpu_memory(registry, cuda_device)
 
@@ -129,3 +119,16 @@ class DitMetrics:
             }
         )
         return metrics
+
+
+def _gpu_memory_gauges() -> tuple[Gauge, Gauge]:
+    """Declared always (docs/operating.md lists them), exported only when the pipeline is on CUDA."""
+    allocated = Gauge(
+        "ardit_dit_gpu_memory_allocated_bytes", "GPU memory held by the pipeline's tensors (CUDA only).", registry=None
+    )
+    reserved = Gauge(
+        "ardit_dit_gpu_memory_reserved_bytes",
+        "GPU memory reserved by PyTorch's caching allocator, allocated plus cached (CUDA only).",
+        registry=None,
+    )
+    return allocated, reserved

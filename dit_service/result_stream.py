@@ -3,7 +3,7 @@
 The run happens in a worker thread under the run semaphore and reports frames back to the event
 loop through a queue, so previews and images reach the sender as soon as they exist. The run is a
 task of its own, not part of the response: if the client disconnects, the response is cancelled,
-the run is told to stop at its next denoising step, and the semaphore and run ticket are only
+the run is told to stop at its next denoising step, and the run slot and the request's place are only
 given back once the thread has actually finished (so capacity accounting never lies).
 
 The sender is never left in silence longer than ``progress_interval``: a ``progress`` frame goes
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from starlette.background import BackgroundTask
 from starlette.responses import StreamingResponse
 
-from dit_service.admission import RunTicket
+from dit_service.admission import Place
 from dit_service.metrics import DitMetrics
 from dit_service.render_job import EmitResult, RenderCancelled, RenderJob, RenderTimings
 from dit_service.render_scheduler import RenderScheduler
@@ -59,10 +59,10 @@ class ResultStream:
     # Strong references: the event loop only keeps weak ones to tasks.
     _runs: set[asyncio.Task[None]] = field(default_factory=set, init=False)
 
-    def respond(self, job: RenderJob, ticket: RunTicket, started: float, handoff_seconds: float) -> StreamingResponse:
+    def respond(self, job: RenderJob, place: Place, started: float, handoff_seconds: float) -> StreamingResponse:
         """Starts the run now and answers with its frames: previews, images, then ``done`` (or ``error``).
 
-        The run does not wait for the response to start streaming, so its ticket comes back even
+        The run does not wait for the response to start streaming, so its place comes back even
         if the client is gone before the first byte; Starlette runs the background task after the
         stream ends or the client disconnects, which tells an abandoned run to stop.
         """
@@ -73,7 +73,7 @@ class ResultStream:
         def emit(frame: PartialImageFrame | ImageFrame | ProgressFrame) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, frame)
 
-        run = asyncio.create_task(self._run(job, emit, cancel, ticket, queue))
+        run = asyncio.create_task(self._run(job, emit, cancel, place, queue))
         self._runs.add(run)
         run.add_done_callback(self._runs.discard)
         frames = self._frames(job, queue, cancel, started, handoff_seconds)
@@ -116,7 +116,7 @@ class ResultStream:
         job: RenderJob,
         emit: EmitResult,
         cancel: threading.Event,
-        ticket: RunTicket,
+        place: Place,
         queue: asyncio.Queue[PartialImageFrame | ImageFrame | ProgressFrame | _RunEnded],
     ) -> None:
         metrics = self.metrics
@@ -140,7 +140,7 @@ class ResultStream:
             if self._failures_in_a_row >= self.max_consecutive_failures:
                 self.fatal.trigger(f"the pipeline failed {self._failures_in_a_row} runs in a row")
         finally:
-            ticket.release()
+            place.release()
             job.trace.end(finished=timings is not None)
             queue.put_nowait(_RunEnded(timings, queue_seconds))
 

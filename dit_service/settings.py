@@ -43,12 +43,19 @@ class DitSettings(BaseSettings):
     log_level: LogLevel = "INFO"
 
     # --- admission -----------------------------------------------------------------------------
-    max_concurrent_handoffs: Positive = Field(8, description="Handoffs being received at once.")
+    max_concurrent_handoffs: Positive = Field(
+        8, description="Requests this DiT holds at once, from reservation to the end of the run (with the next two)."
+    )
     max_pipeline_runs: Positive = Field(1, description="Pipeline runs executing at once.")
     pipeline_queue_size: NonNegative = Field(
-        4, description="Completed handoffs that may wait for a pipeline run; beyond that: 429."
+        4,
+        description="Requests that may wait for a pipeline run; places are max_pipeline_runs plus this (at most "
+        "max_concurrent_handoffs); beyond them: 429.",
     )
     retry_after_seconds: Positive = Field(1, description="Retry-After sent with 429/503.")
+    reservation_seconds: Seconds = Field(
+        30.0, description="A place an AR reserved is held this long for the handoff that names it."
+    )
     stall_timeout_seconds: Seconds = Field(
         30.0, description="A handoff that sends no bytes for this long is ended and its memory released."
     )

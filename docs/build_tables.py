@@ -33,6 +33,8 @@ from ar_service.metrics import ArMetrics
 from ar_service.settings import ArSettings
 from dit_service.metrics import DitMetrics
 from dit_service.settings import DitSettings
+from services.metrics import Families
+from services.slow_readers import SlowReaders
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -108,15 +110,22 @@ def families(metrics: object) -> Iterator[MetricWrapperBase]:
             yield member
 
 
-def metrics_table(metrics: object) -> str:
+def metrics_table(*holders: object) -> str:
     rows = ["| family | type | labels | meaning |", "|---|---|---|---|"]
-    for family in families(metrics):
+    for family in (family for holder in holders for family in families(holder)):
         kind = family._type
         if kind is None:
             raise ValueError(f"{family._name} is a metric class without a type")
         labels = ", ".join(f"`{label}`" for label in family._labelnames) or "—"
         rows.append(f"| `{SCRAPED_NAME[kind].format(family._name)}` | {kind} | {labels} | {family._documentation} |")
     return "\n".join(rows)
+
+
+def ar_metrics_table() -> str:
+    """The AR's own families, then the slow-reader guard's (its public port has one; the DiT's has not)."""
+    registry = CollectorRegistry()
+    guard = SlowReaders(Families(registry, "ar"), send_timeout=1.0, max_responses=1, max_bytes=1)
+    return metrics_table(ArMetrics(registry), guard)
 
 
 def dashboard_builder() -> Any:
@@ -168,7 +177,7 @@ PAGES: dict[str, dict[str, Callable[[], str]]] = {
         "settings:dit": lambda: settings_table(DitSettings),
     },
     "operating.md": {
-        "metrics:ar": lambda: metrics_table(ArMetrics(CollectorRegistry())),
+        "metrics:ar": ar_metrics_table,
         "metrics:dit": lambda: metrics_table(DitMetrics(CollectorRegistry())),
         "panels": panels_list,
         "alerts": alerts_table,

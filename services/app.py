@@ -22,7 +22,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from services.app_metrics import AppMetrics
 from services.errors import ErrorBody, install_error_handlers
 from services.fatal import Fatal
+from services.last_resort import LastResort
 from services.request_context import RequestIdMiddleware
+from services.slow_readers import SlowReaders
 from services.tracing import instrument_app
 
 
@@ -57,14 +59,17 @@ def create_app(
     fatal: Fatal,
     untraced_paths: Iterable[str] = (),
     gate: Callable[[ASGIApp], ASGIApp] | None = None,
+    slow_readers: SlowReaders | None = None,
 ) -> FastAPI:
     """``gate`` wraps the app inside the request-id layer (so its refusals carry the id too);
-    ``fatal`` goes on ``app.state``, where ``services.serve`` finds it."""
+    ``fatal`` and ``slow_readers`` go on ``app.state``, where ``services.serve`` finds them."""
     app = FastAPI(title=title, lifespan=lifespan)
     app.state.fatal = fatal
+    app.state.slow_readers = slow_readers
     install_error_handlers(app, app_metrics.count_error)
     if gate is not None:
         app.add_middleware(_Wrapped, wrap=gate)
+    app.add_middleware(LastResort, on_error=app_metrics.count_error)
     app.add_middleware(RequestIdMiddleware)
     app_metrics.install(app)
     instrument_app(app, untraced_paths)

@@ -2,13 +2,13 @@
 
 ``{"error": {"message", "type", "param", "code"}}`` is what OpenAI clients parse; the ``type``
 values follow OpenAI's (``invalid_request_error``, ``authentication_error``, ...). No stack
-traces ever reach a body: unexpected exceptions become a generic 500 and are logged. Every body
-the handlers render is reported to ``on_error`` first (the service's error counter).
+traces ever reach a body: an exception nobody foresaw is ``services.last_resort``'s, a 500 that names
+the request id its traceback is logged under. Every body the handlers render is reported to
+``on_error`` first (the service's error counter).
 """
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Callable
 from typing import Any
@@ -19,13 +19,12 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-log = logging.getLogger("ardit.errors")
-
 _TYPE_BY_STATUS = {
     400: "invalid_request_error",
     401: "authentication_error",
     403: "permission_error",
     404: "not_found_error",
+    405: "invalid_request_error",
     409: "conflict_error",
     413: "invalid_request_error",
     422: "invalid_request_error",
@@ -112,23 +111,27 @@ def install_error_handlers(app: FastAPI, on_error: ErrorObserver) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        if first.get("type") == "json_invalid":
+            # loc is ("body", <offset>): where the JSON broke, not a parameter.
+            where = first.get("loc", ("body", "?"))[-1]
+            context = first.get("ctx")
+            reason = context.get("error", first["msg"]) if isinstance(context, dict) else first["msg"]
+            message = f"the body is not valid JSON: {reason} at character {where}"
+            return respond(ApiError(400, message, code="invalid_json"))
         param = _param_of(tuple(first.get("loc", ())))
         if first.get("type") == "extra_forbidden":
             # OpenAI's own answer to a field it does not know.
-            return ApiError(400, f"Unknown parameter: '{param}'.", param=param, code="unknown_parameter").response()
+            return respond(ApiError(400, f"Unknown parameter: '{param}'.", param=param, code="unknown_parameter"))
         message = f"{param}: {first['msg']}" if param else str(first["msg"])
         return respond(ApiError(400, message, param=param, code="invalid_value"))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        if exc.status_code in (404, 405):
-            # A route is a method and a path: any pair no route serves is an unknown URL, in
-            # OpenAI's words (a POST under a GET-only path is not a "method not allowed").
-            message = f"Invalid URL ({request.method} {request.url.path})"
-            return respond(ApiError(404, message, code="not_found"))
+        target = f"{request.method} {request.url.path}"
+        if exc.status_code == 405:
+            allowed = dict(exc.headers or {}).get("Allow", "")
+            message = f"{request.method} is not allowed on {request.url.path}; it takes {allowed}"
+            return respond(ApiError(405, message, code="method_not_allowed", headers={"Allow": allowed}))
+        if exc.status_code == 404:
+            return respond(ApiError(404, f"Invalid URL ({target})", code="not_found"))
         return respond(ApiError(exc.status_code, str(exc.detail), headers=dict(exc.headers or {})))
-
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return respond(ApiError(500, "internal server error", type="server_error", code="internal_error"))

@@ -116,8 +116,8 @@ class DitCapacity(WireModel):
 
     @property
     def max_outstanding(self) -> int:
-        """Requests one sender may have at this DiT at once without being refused: each holds a
-        handoff slot while its rows arrive and a run ticket from completion to its last image."""
+        """Requests one sender may have at this DiT at once without being refused: each holds one place
+        from its reservation (or its handoff's arrival) to the end of its pipeline run."""
         return min(self.max_admitted, self.max_concurrent_handoffs)
 
 

@@ -23,6 +23,9 @@ from shared.frames import RequestId
 
 RESULT_MEDIA_TYPE = "application/vnd.ardit.result+msgpack"
 HANDOFF_MEDIA_TYPE = "application/vnd.ardit.handoff+msgpack"
+# Where a sender reserves a place before its handoff, and the header its handoff names it in (HANDOFF_SPEC.md).
+RESERVATIONS_PATH = "/v1/handoff/reservations"
+RESERVATION_HEADER = "x-ardit-reservation"
 
 
 class PartialImageFrame(WireModel):

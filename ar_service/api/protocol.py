@@ -135,7 +135,9 @@ class ImageRequest(_Request):
         description="Classifier-free guidance: above 1 the AR encodes the negative prompt too (default: the DiT's).",
     )
     negative_prompt: Annotated[StrictStr, Field(max_length=MAX_PROMPT_CHARS)] | None = Field(
-        None, description="What CFG steers away from (default `ARDIT_AR_DEFAULT_NEGATIVE_PROMPT`); unused without CFG."
+        None,
+        description="What CFG steers away from (default `ARDIT_AR_DEFAULT_NEGATIVE_PROMPT`); ignored, and not "
+        "encoded, when `guidance_scale` is 1 or less.",
     )
     max_new_tokens: Annotated[Integer, Field(ge=1)] | None = Field(
         None,
@@ -247,6 +249,8 @@ class PartialImageEvent(_Response):
     b64_json: str
     created_at: int
     partial_image_index: int
+    # ardit extension: which of the request's n images this preview is of (0 .. n-1).
+    image_index: int
     background: Literal["opaque"] = "opaque"
     output_format: OutputFormat
     quality: str

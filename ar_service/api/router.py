@@ -73,7 +73,7 @@ def build_router(serving: ImageServing, sse_keepalive_seconds: float) -> APIRout
         return await serving.model(model_id)
 
     @router.get(
-        "/v1/images/{name}",
+        "/v1/images/{name:image_name}",
         response_class=Response,
         responses={200: {"content": _IMAGE_TYPES, "description": "The image file."}, **error_responses(*_GATE, 404)},
     )

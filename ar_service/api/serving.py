@@ -139,57 +139,73 @@ class ImageServing:
         return await self._serve(valid, capacity, raw_request)
 
     async def create_edit(self, raw_request: Request) -> ImagesAnswer | ImageEvents:
+        valid, capacity = await self._valid_edit(raw_request)
+        return await self._serve(valid, capacity, raw_request)
+
+    async def _valid_edit(self, raw_request: Request) -> tuple[ValidGeneration, int]:
+        """The edit checked and decoded; its uploaded files (up to the edit body cap) are not kept past here."""
         received_at = time.perf_counter()
         form = await read_edit_form(raw_request)
         dit, capacity = await self.readiness.require()
-        valid = await self.validator.edit(form, raw_request.state.request_id, received_at, dit)
-        return await self._serve(valid, capacity, raw_request)
+        return await self.validator.edit(form, raw_request.state.request_id, received_at, dit), capacity
 
     async def _serve(self, valid: ValidGeneration, capacity: int, raw_request: Request) -> ImagesAnswer | ImageEvents:
         # Every refusal known before any work is an HTTP status, in stream mode too: 404 / 503 /
-        # 400 (validation), then 429 from admission (after waiting in the queue, if there is room).
-        ticket = await cancel_on_disconnect(raw_request, self.admission.admit(capacity))
-        if valid.response.stream:
-            return self._events(valid, ticket)
+        # 400 (validation), then 429 from admission (decided at arrival; an admitted request may wait its turn).
         try:
-            with self._observed(valid):
-                result = await cancel_on_disconnect(raw_request, self._generate(valid))
+            ticket = await cancel_on_disconnect(raw_request, self.admission.admit(capacity))
+        except BaseException:
+            valid.release()
+            raise
+        if valid.response.stream:
+            # The work starts now and gives its slot (and an edit's memory) back when it ends, whether or
+            # not the client has read its events: a stalled reader holds no capacity.
+            partials: asyncio.Queue[PartialImageFrame | None] = asyncio.Queue()  # None: the generation is over
+            task = asyncio.ensure_future(self._generate(valid, partials.put))
+            task.add_done_callback(lambda done: _over(done, ticket, valid, partials))
+            return self._events(valid, task, partials)
+        served = False
+        try:
+            result = await cancel_on_disconnect(raw_request, self._generate(valid))
+            served = True
         finally:
-            ticket.release()
+            ticket.release(served)
+            valid.release()
         return ImagesAnswer(self._response(valid, result, str(raw_request.base_url)), result.timings)
 
-    async def _events(self, valid: ValidGeneration, ticket: AdmissionTicket) -> ImageEvents:
+    async def _events(
+        self,
+        valid: ValidGeneration,
+        task: asyncio.Future[GenerationResult],
+        partials: asyncio.Queue[PartialImageFrame | None],
+    ) -> ImageEvents:
         """Partial images as they come, then one completed event per image; a failure after the
         stream started arrives as a ``StreamError``."""
-        partials: asyncio.Queue[PartialImageFrame] = asyncio.Queue()
         try:
-            with self._observed(valid):
-                task = asyncio.ensure_future(self._generate(valid, partials.put))
-                try:
-                    while not task.done() or not partials.empty():
-                        getter = asyncio.ensure_future(partials.get())
-                        done, _ = await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
-                        if getter in done:
-                            yield self._partial_event(valid, getter.result())
-                        else:
-                            getter.cancel()
-                    result = task.result()
-                finally:
-                    task.cancel()
-                    ticket.release()
-            for event in self._completed_events(valid, result):
+            while (frame := await partials.get()) is not None:
+                yield self._partial_event(valid, frame)
+            for event in self._completed_events(valid, task.result()):
                 yield event
+        except (asyncio.CancelledError, GeneratorExit):
+            # The one line a client that leaves mid-stream is worth (the server stopping reads alike).
+            log.info("the stream was closed before its end (the client left); its work is cancelled")
+            raise
         except ApiError as exc:
             self.metrics.app.count_error(exc)
             yield StreamError(exc)
+        except Exception:
+            log.exception("stream failed")
+            error = ApiError(500, "the stream failed; the server's log has the details", code="internal_error")
+            self.metrics.app.count_error(error)
+            yield StreamError(error)
         finally:
-            ticket.release()
+            task.cancel()
 
     async def _generate(
         self, valid: ValidGeneration, on_partial_image: PartialImageSink | None = None
     ) -> GenerationResult:
         gen = valid.generation
-        with map_failures():
+        with self._observed(valid), map_failures():
             result = await self.generator.generate(gen, on_partial_image)
         u = result.usage
         log.info(
@@ -248,6 +264,7 @@ class ImageServing:
             b64_json=_b64(frame.data),
             created_at=int(time.time()),
             partial_image_index=frame.partial_image_index,
+            image_index=frame.image_index,
             output_format=diffusion.output_format,
             quality=options.quality or "auto",
             size=diffusion.size,
@@ -293,6 +310,19 @@ class ImageServing:
         return image
 
 
+def _over(
+    done: asyncio.Future[GenerationResult],
+    ticket: AdmissionTicket,
+    valid: ValidGeneration,
+    partials: asyncio.Queue[PartialImageFrame | None],
+) -> None:
+    """A stream's generation ended: its slot and memory go back, and its events learn it is over."""
+    # The exception is read here in any case: a stream whose client left never reads it.
+    ticket.release(served=not done.cancelled() and done.exception() is None)
+    valid.release()
+    partials.put_nowait(None)
+
+
 async def cancel_on_disconnect(request: Request, work: Coroutine[Any, Any, T]) -> T:
     """Run ``work``; if the client goes away first, cancel it (aborting engine and DiT work)."""
     task = asyncio.ensure_future(work)
@@ -309,6 +339,7 @@ async def cancel_on_disconnect(request: Request, work: Coroutine[Any, Any, T]) -
         return await task
     except asyncio.CancelledError:
         if watcher.done():
+            log.info("the client closed the request before its answer; its work is cancelled")
             raise ApiError(499, "client closed the request", code="client_closed_request") from None
         raise
     finally:

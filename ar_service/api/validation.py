@@ -15,6 +15,7 @@ with more than one file is refused rather than silently reduced to its first.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -23,14 +24,14 @@ from typing import Literal
 from ar_service.api.edit_form import EditForm
 from ar_service.api.protocol import EventPrefix, ImageEditRequest, ImageRequest, RequestedFormat
 from ar_service.image_generation import EditHandoff, GenerationRequest
-from ar_service.input_images import OutputSize, decode_edit
+from ar_service.input_images import EditMemory, Held, OutputSize, decode_edit, read_upload
 from ar_service.prompt_builder import BuiltPrompt, PromptBuilder
 from ar_service.settings import ArSettings
 from services.errors import ApiError
 from shared.capabilities import DitCapabilities
 from shared.diffusion import DiffusionParams, OutputFormat, parse_size
 from shared.errors import InvalidDiffusionParams
-from shared.frames import PUBLIC_PARAM, EditSpec, StreamName
+from shared.frames import PUBLIC_PARAM, StreamName
 
 # Denoising steps by quality when the request names no steps; "auto" (and "standard") take the
 # DiT's announced default. Quality is the knob OpenAI clients have.
@@ -57,12 +58,26 @@ class ResponseOptions:
 class ValidGeneration:
     generation: GenerationRequest
     response: ResponseOptions
+    # An edit's share of the AR's edit memory, held until the request is over.
+    held: Held | None = None
+
+    def release(self) -> None:
+        if self.held is not None:
+            self.held.release()
+
+    def with_edit(self, edit: EditHandoff, size: tuple[int, int], held: Held) -> ValidGeneration:
+        """This (checked) request with its decoded edit: the output size the upright pixels have (an
+        EXIF turn swaps the sides, within the same checks) and the memory they hold."""
+        diffusion = self.generation.diffusion.model_copy(update={"width": size[0], "height": size[1]})
+        generation = dataclasses.replace(self.generation, diffusion=diffusion, edit=edit)
+        return ValidGeneration(generation, self.response, held)
 
 
 @dataclass(frozen=True)
 class RequestValidator:
     settings: ArSettings
     prompts: PromptBuilder
+    edit_memory: EditMemory
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.settings.served_model_name:
@@ -78,7 +93,7 @@ class RequestValidator:
         """A generation (JSON body) checked against the ready DiTs' announcement."""
         self.check_model(body.model)
         size = (dit.defaults.width, dit.defaults.height) if body.size == "auto" else _size(body.size, dit)
-        return self._valid(body, "image_generation", request_id, received_at, dit, size, None)
+        return self._valid(body, "image_generation", request_id, received_at, dit, size)
 
     async def edit(self, form: EditForm, request_id: str, received_at: float, dit: DitCapabilities) -> ValidGeneration:
         """An edit (multipart form): also decodes the uploads, in a worker thread."""
@@ -93,16 +108,22 @@ class RequestValidator:
             )
         limits = dit.limits
         requested = None if body.size == "auto" else _size(body.size, dit)
-        pixels = await asyncio.to_thread(
-            decode_edit,
-            form.images[0].data,
-            form.mask.data if form.mask is not None else None,
-            OutputSize(requested, limits.size_multiple, limits.max_pixels),
-            self.settings.max_edit_input_pixels,
-        )
-        edit = EditHandoff(EditSpec(strength=edit_strength(body), mask=pixels.mask is not None), pixels)
-        size = pixels.width, pixels.height
-        return self._valid(body, "image_edit", request_id, received_at, dit, size, edit)
+        size = OutputSize(requested, limits.size_multiple, limits.max_pixels)
+        mask = form.mask.data if form.mask is not None else None
+        upload = read_upload(form.images[0].data, mask, self.settings.max_edit_input_pixels)
+        width, height = size.for_input(*upload.size)
+        if requested is None:
+            _drawable(upload.size, (width, height), dit)
+        # Every other refusal before the decode (the cheapest first), then the memory, then the pixels.
+        valid = self._valid(body, "image_edit", request_id, received_at, dit, (width, height))
+        held = self.edit_memory.hold(upload.memory(width, height))
+        try:
+            pixels = await asyncio.to_thread(decode_edit, upload, size)
+            edit = EditHandoff.of(edit_strength(body), pixels)
+            return valid.with_edit(edit, (pixels.width, pixels.height), held)
+        except BaseException:
+            held.release()
+            raise
 
     def _valid(
         self,
@@ -112,7 +133,6 @@ class RequestValidator:
         received_at: float,
         dit: DitCapabilities,
         size: tuple[int, int],
-        edit: EditHandoff | None,
     ) -> ValidGeneration:
         s = self.settings
         if body.background == "transparent":
@@ -124,9 +144,9 @@ class RequestValidator:
             raise _invalid(f"max_new_tokens is limited to {s.max_new_tokens_limit}", "max_new_tokens")
         with _public_errors():
             diffusion = self._diffusion(body, request_id, dit, size)
-        cfg = diffusion.guidance_scale > 1.0 or body.negative_prompt is not None
         texts: dict[StreamName, str] = {"cond": body.prompt}
-        if cfg:
+        # CFG runs only above guidance 1; otherwise a negative prompt would change nothing, so it is not prefilled.
+        if diffusion.guidance_scale > 1.0:
             texts["uncond"] = body.negative_prompt if body.negative_prompt is not None else s.default_negative_prompt
         generation = GenerationRequest(
             request_id=request_id,
@@ -135,7 +155,6 @@ class RequestValidator:
             max_new_tokens=max_new,
             cache_salt=body.cache_salt,
             received_at=received_at,
-            edit=edit,
         )
         response = ResponseOptions(
             event_prefix=prefix,
@@ -192,6 +211,21 @@ def _output_format(requested: RequestedFormat, dit: DitCapabilities) -> OutputFo
         if announced == requested:
             return announced
     raise _invalid(f"output_format {requested!r} is not supported here", "output_format", "unsupported_value")
+
+
+def _drawable(upload: tuple[int, int], size: tuple[int, int], dit: DitCapabilities) -> None:
+    """``size=auto``: the input's shape, scaled and rounded to what the DiT draws, must be drawable (a very
+    thin image comes out at a side of one multiple and far more pixels than the limit). Refused naming
+    ``image``: the request asked for no size, the image is what cannot be drawn."""
+    try:
+        dit.limits.check_size(*size)
+    except InvalidDiffusionParams as exc:
+        raise _invalid(
+            f"the image is {upload[0]}x{upload[1]}: at this model's sizes it would be drawn at {size[0]}x{size[1]} "
+            f"({exc.message}); send a less elongated image, or a size",
+            "image",
+            "invalid_image_size",
+        ) from None
 
 
 def _size(size: str, dit: DitCapabilities) -> tuple[int, int]:

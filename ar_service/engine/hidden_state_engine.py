@@ -36,6 +36,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ardit.ar.engine")
 
+# How often a running engine is checked for death: readiness, and every request in flight, learn of it within this.
+DEATH_CHECK_SECONDS = 0.2
+
 
 @dataclass(frozen=True)
 class EngineRequest:
@@ -179,6 +182,16 @@ class HiddenStateEngine:
             },
         }
 
+    async def aclose(self) -> None:
+        """Stop the engine from the event loop it runs on. vLLM's own shutdown stops the engine process
+        first and its output loop after, which then logs the process's end as an error with a
+        traceback: the loop is stopped here first, so a normal stop prints none."""
+        handler = getattr(self._engine, "output_handler", None)
+        if handler is not None:
+            handler.cancel()
+            await asyncio.gather(handler, return_exceptions=True)
+        await asyncio.to_thread(self.shutdown)
+
     def shutdown(self) -> None:
         if self._engine is not None:
             self._engine.shutdown()
@@ -196,6 +209,12 @@ class HiddenStateEngine:
     def dead(self) -> bool:
         """The engine ran and died (its core process is gone or its output loop ended)."""
         return self._engine is not None and bool(self._engine.errored)
+
+    async def died(self) -> None:
+        """Returns once the engine has died (vLLM flags it from its output loop; checked every
+        ``DEATH_CHECK_SECONDS``)."""
+        while not self.dead:
+            await asyncio.sleep(DEATH_CHECK_SECONDS)
 
     def _running(self) -> AsyncLLM:
         if self._engine is None:

@@ -370,9 +370,19 @@ SECTIONS = (
             ),
             series(
                 "AR admission wait",
-                "Time requests waited for admission.",
+                "Time requests waited for admission, and the pace admission estimates waits from (the mean time "
+                "between completions while requests wait in line).",
                 "s",
                 *p50_p99("ardit_ar_queue_wait_seconds", AR, "wait"),
+                Query(f"max(ardit_ar_admission_pace_seconds{{{AR}}})", "pace"),
+            ),
+            series(
+                "AR: clients that stopped reading",
+                "Answers waiting on clients that stopped reading (their capacity is already free), and the "
+                "connections cut off per second (send timeout, or over the bound on answers waiting).",
+                "short",
+                Query(f"sum(ardit_ar_slow_readers{{{AR}}})", "waiting"),
+                Query(f"sum by (reason) (rate(ardit_ar_slow_readers_closed_total{{{AR}}}[5m]))", "cut off: {{reason}}"),
             ),
             series(
                 "DiT: in flight and queued",

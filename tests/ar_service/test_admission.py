@@ -1,4 +1,5 @@
-"""Admission against the pair's capacity: FIFO waiting, bounded queue and wait, 429 only when full."""
+"""Admission against the pair's capacity, decided at arrival: FIFO waiting when the measured pace says the
+wait fits, 429 at once when it does not; an admitted request is served."""
 
 from __future__ import annotations
 
@@ -16,9 +17,17 @@ def admission(max_queued: int = 4, max_wait: float = 5.0) -> RequestAdmission:
     return RequestAdmission(max_queued, max_wait, ArMetrics(CollectorRegistry()))
 
 
+async def serve_one(gate: RequestAdmission, seconds: float, capacity: int = 1) -> None:
+    """One request through the gate, taking ``seconds``: the pace is measured from then on."""
+    ticket = await gate.admit(capacity=capacity)
+    await asyncio.sleep(seconds)
+    ticket.release(served=True)
+
+
 def test_requests_beyond_the_capacity_wait_and_start_in_arrival_order():
     async def scenario():
         gate = admission()
+        await serve_one(gate, 0.01)
         first = await gate.admit(capacity=1)
         order = []
 
@@ -26,12 +35,12 @@ def test_requests_beyond_the_capacity_wait_and_start_in_arrival_order():
             ticket = await gate.admit(capacity=1)
             order.append(name)
             await asyncio.sleep(0.01)
-            ticket.release()
+            ticket.release(served=True)
 
         waiters = [asyncio.create_task(wait_then_record(n)) for n in "abc"]
         await asyncio.sleep(0.05)
         assert order == [] and gate.in_flight == 1  # all three wait for the one slot
-        first.release()
+        first.release(served=True)
         await asyncio.gather(*waiters)
         return order, gate.in_flight
 
@@ -46,8 +55,8 @@ def test_a_full_queue_is_refused_at_once_with_retry_after():
         await asyncio.sleep(0)
         with pytest.raises(Overloaded) as refused:
             await gate.admit(capacity=1)
-        held.release()
-        (await waiting).release()
+        held.release(served=True)
+        (await waiting).release(served=True)
         return refused.value
 
     refused = asyncio.run(scenario())
@@ -57,47 +66,121 @@ def test_a_full_queue_is_refused_at_once_with_retry_after():
 def test_a_wait_longer_than_allowed_at_the_observed_rate_is_refused_before_queueing():
     async def scenario():
         gate = admission(max_queued=100, max_wait=1.0)
-        ticket = await gate.admit(capacity=1)
-        await asyncio.sleep(0.3)
-        ticket.release()  # the pair serves one request per ~0.3 s
+        await serve_one(gate, 0.3)  # the pair serves one request per ~0.3 s
         held = await gate.admit(capacity=1)
         queued = [asyncio.create_task(gate.admit(capacity=1)) for _ in range(3)]  # ~0.9 s of waiting
         await asyncio.sleep(0)
         with pytest.raises(Overloaded) as refused:
             await gate.admit(capacity=1)  # the fourth would wait ~1.2 s > 1 s
-        held.release()
+        held.release(served=True)
         for task in queued:
-            (await task).release()
+            (await task).release(served=True)
         return refused.value
 
     refused = asyncio.run(scenario())
-    assert "would be about" in refused.message and refused.headers["Retry-After"] == "2"
+    assert "would be about" in refused.message and refused.headers["Retry-After"] == "1"
 
 
-def test_a_request_that_waits_past_the_maximum_is_refused_and_leaves_the_queue():
+def test_an_admitted_request_is_served_even_when_its_wait_runs_past_the_estimate():
     async def scenario():
-        gate = admission(max_wait=0.1)
+        gate = admission(max_wait=0.2)
+        await serve_one(gate, 0.05)
         held = await gate.admit(capacity=1)
-        with pytest.raises(Overloaded, match="no room within"):
-            await gate.admit(capacity=1)
-        held.release()
+        waiting = asyncio.create_task(gate.admit(capacity=1))  # estimated 0.05 s: admitted to the line
+        await asyncio.sleep(0.5)  # the one in flight takes ten times longer than the pace said
+        assert not waiting.done()  # still in line, not refused after the fact
+        held.release(served=True)
+        (await asyncio.wait_for(waiting, 1)).release(served=True)
         return gate.in_flight
 
     assert asyncio.run(scenario()) == 0
 
 
+def test_before_any_completion_one_round_may_wait_and_the_rest_is_refused_at_once():
+    async def scenario():
+        gate = admission(max_queued=100)
+        held = [await gate.admit(capacity=2) for _ in range(2)]
+        line = [asyncio.create_task(gate.admit(capacity=2)) for _ in range(2)]
+        await asyncio.sleep(0)
+        with pytest.raises(Overloaded, match="not measured yet") as refused:
+            await gate.admit(capacity=2)
+        for ticket in held:
+            ticket.release(served=True)
+        for task in line:
+            (await task).release(served=True)
+        return refused.value
+
+    assert int(asyncio.run(scenario()).headers["Retry-After"]) == 1
+
+
+def test_the_pace_is_the_time_between_completions_not_a_service_time_divided_by_the_capacity():
+    """Five slots, one request done every 0.1 s (a DiT that renders one run at a time): the line moves
+    at 0.1 s a place, however long each request stayed in flight."""
+
+    async def scenario():
+        gate = admission(max_queued=100, max_wait=0.45)
+        tickets = [await gate.admit(capacity=5) for _ in range(5)]
+        for ticket in tickets:
+            await asyncio.sleep(0.1)
+            ticket.release(served=True)
+        held = [await gate.admit(capacity=5) for _ in range(5)]
+        line = [asyncio.create_task(gate.admit(capacity=5)) for _ in range(4)]  # 0.1 .. 0.4 s
+        await asyncio.sleep(0)
+        with pytest.raises(Overloaded, match="would be about"):
+            await gate.admit(capacity=5)  # 0.5 s
+        for ticket in held:
+            ticket.release(served=True)
+        for task in line:
+            (await task).release(served=True)
+        return gate.in_flight
+
+    assert asyncio.run(scenario()) == 0
+
+
+def test_the_last_requests_of_a_burst_finishing_together_do_not_make_the_pace_look_faster():
+    """The line moved at 0.1 s a place; then the last four finished at once (the line was gone). A burst
+    that follows meets the 0.1 s pace, not a mean pulled down by those zeros."""
+
+    async def scenario():
+        gate = admission(max_queued=100)
+        tickets = [await gate.admit(capacity=4) for _ in range(4)]
+        line = [asyncio.create_task(gate.admit(capacity=4)) for _ in range(3)]
+        await asyncio.sleep(0)
+        for _ in range(3):
+            await asyncio.sleep(0.1)
+            tickets.pop(0).release(served=True)
+            tickets.append(await line.pop(0))
+        for ticket in tickets:  # the drain: four at once
+            ticket.release(served=True)
+        return gate.pace
+
+    assert asyncio.run(scenario()) == pytest.approx(0.1, abs=0.03)
+
+
+def test_requests_that_fail_or_are_abandoned_do_not_make_the_pace_look_faster():
+    async def scenario():
+        gate = admission()
+        await serve_one(gate, 0.2)
+        for _ in range(10):  # quick failures: 400s from the DiT, clients that left
+            (await gate.admit(capacity=1)).release(served=False)
+        return gate.pace
+
+    assert asyncio.run(scenario()) == pytest.approx(0.2, abs=0.05)
+
+
 def test_a_waiter_that_gives_up_passes_its_turn_on():
     async def scenario():
         gate = admission()
+        await serve_one(gate, 0.01)
         held = await gate.admit(capacity=1)
         leaving = asyncio.create_task(gate.admit(capacity=1))
         staying = asyncio.create_task(gate.admit(capacity=1))
         await asyncio.sleep(0)
         leaving.cancel()  # the client went away while queued
-        held.release()
+        held.release(served=True)
         ticket = await asyncio.wait_for(staying, 1)
         in_flight = gate.in_flight
-        ticket.release()
+        ticket.release(served=True)
         return in_flight, gate.in_flight
 
     assert asyncio.run(scenario()) == (1, 0)
@@ -111,8 +194,8 @@ def test_capacity_follows_what_the_dit_announces():
         await asyncio.sleep(0.01)
         assert not blocked.done()
         for ticket in tickets:
-            ticket.release()
-        (await blocked).release()
+            ticket.release(served=True)
+        (await blocked).release(served=True)
         return gate.in_flight
 
     assert asyncio.run(scenario()) == 0

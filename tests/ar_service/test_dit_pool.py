@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+import pytest
 
 from ar_service.dit_pool import DitPool
+from ar_service.handoff_client import DitBusy, DitUnavailable
 from shared.result_frames import DoneFrame, encode_result
 from tests.ar_service.test_handoff_body import body_of, run_of
 from tests.support.capabilities import DIT
@@ -86,29 +88,41 @@ def test_a_replica_that_leaves_the_answer_takes_no_new_work():
 
 
 class FakeDit(httpx.AsyncBaseTransport):
-    """Ready; then either unreachable for handoffs (fails before reading a byte, as a refused TCP
-    connect does) or a DiT that reads the body and answers ``done``."""
+    """Ready; then it answers reservations as ``answer`` says ("ok", "busy", "not_ready" or
+    "unreachable", a refused TCP connect) after ``delay`` seconds, takes cancellations, and reads a
+    handoff body to answer ``done``."""
 
-    def __init__(self, url: str, reachable: bool, tried: list[str]) -> None:
-        self.url, self.reachable, self.tried = url, reachable, tried
+    def __init__(self, url: str, answer: str, seen: list[str], delay: float = 0.0) -> None:
+        self.url, self.answer, self.seen, self.delay = url, answer, seen, delay
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if request.url.path == "/readyz":
             return ready_with()(request)
-        self.tried.append(self.url)
-        if not self.reachable:
-            raise httpx.ConnectError("refused", request=request)
+        self.seen.append(f"{request.method} {self.url}{request.url.path}")
+        if request.method == "DELETE":
+            return httpx.Response(204)
+        if request.url.path == "/v1/handoff/reservations":
+            await asyncio.sleep(self.delay)
+            if self.answer == "unreachable":
+                raise httpx.ConnectError("refused", request=request)
+            if self.answer != "ok":
+                status = 429 if self.answer == "busy" else 503
+                return httpx.Response(status, json={"error": {"message": self.answer, "code": self.answer}})
+            return httpx.Response(201, json={"reservation": "r-1", "expires_in": 30})
+        assert request.headers["x-ardit-reservation"] == "r-1"
         await request.aread()
         return httpx.Response(200, stream=httpx.ByteStream(encode_result(DoneFrame(request_id="req_body"))))
 
 
-def test_an_unreachable_replica_hands_the_request_to_another_before_any_row_is_sent():
-    tried: list[str] = []
+@pytest.mark.parametrize("refusal", ["unreachable", "busy", "not_ready"])
+def test_a_replica_that_refuses_a_reservation_hands_the_request_to_another_before_any_engine_work(refusal):
+    seen: list[str] = []
 
     async def scenario():
+        answers = {"http://10.0.0.1:8001": refusal, "http://10.0.0.2:8001": "ok"}
         pool = DitPool(
-            ["http://10.0.0.1:8001", "http://10.0.0.2:8001"],
-            make_client=lambda url: httpx.AsyncClient(base_url=url, transport=FakeDit(url, "10.0.0.2" in url, tried)),
+            list(answers),
+            make_client=lambda url: httpx.AsyncClient(base_url=url, transport=FakeDit(url, answers[url], seen)),
             token="t",
             deadline_seconds=5.0,
             hidden_size=576,
@@ -116,11 +130,75 @@ def test_an_unreachable_replica_hands_the_request_to_another_before_any_row_is_s
         )
         await pool.refresh()
         await pool.state()
-        body = body_of({"cond": run_of([5, 6, 7, 8], [3])})
-        async with body:
-            result = await pool.exchange("req_body", body)
+        async with pool.reserve("req_body") as dit:
+            # Inside the block is where the engine work runs: both replicas were asked before it.
+            assert seen == [
+                "POST http://10.0.0.1:8001/v1/handoff/reservations",
+                "POST http://10.0.0.2:8001/v1/handoff/reservations",
+            ]
+            body = body_of({"cond": run_of([5, 6, 7, 8], [3])})
+            async with body:
+                result = await dit.exchange(body)
         return result, [r.outstanding for r in pool.replicas.values()]
 
     result, outstanding = asyncio.run(scenario())
     assert result.done.request_id == "req_body" and outstanding == [0, 0]
-    assert tried == ["http://10.0.0.1:8001", "http://10.0.0.2:8001"]
+    assert seen[-1] == "POST http://10.0.0.2:8001/v1/handoff"
+
+
+def fake_pool(answers: dict[str, str], seen: list[str], delay: float = 0.0) -> DitPool:
+    return DitPool(
+        list(answers),
+        make_client=lambda url: httpx.AsyncClient(base_url=url, transport=FakeDit(url, answers[url], seen, delay)),
+        token="t",
+        deadline_seconds=5.0,
+        hidden_size=576,
+        conditioning="qwen_image",
+    )
+
+
+@pytest.mark.parametrize(
+    ("refusals", "error", "message"),
+    [
+        (["busy", "busy"], DitBusy, "every DiT replica is full"),
+        (["busy", "unreachable"], DitBusy, "every DiT replica is full"),
+        (["not_ready", "unreachable"], DitUnavailable, "no DiT replica is ready with room"),
+    ],
+)
+def test_when_every_replica_refuses_the_request_fails_before_any_engine_work(refusals, error, message):
+    async def scenario():
+        pool = fake_pool({"http://10.0.0.1:8001": refusals[0], "http://10.0.0.2:8001": refusals[1]}, [])
+        await pool.refresh()
+        await pool.state()
+        with pytest.raises(error, match=message):
+            async with pool.reserve("req_body"):
+                raise AssertionError("no place was reserved, so no engine work may start")
+        return [r.outstanding for r in pool.replicas.values()]
+
+    assert asyncio.run(scenario()) == [0, 0]
+
+
+def test_a_request_cancelled_while_its_place_is_asked_for_gives_the_place_back():
+    seen: list[str] = []
+
+    async def scenario():
+        pool = fake_pool({"http://10.0.0.1:8001": "ok"}, seen, delay=0.2)
+        await pool.refresh()
+        await pool.state()
+
+        async def reserve_and_work() -> None:
+            async with pool.reserve("req_body"):
+                raise AssertionError("cancelled before the place was reserved")
+
+        asking = asyncio.ensure_future(reserve_and_work())
+        await asyncio.sleep(0.05)
+        asking.cancel()  # the client left
+        with pytest.raises(asyncio.CancelledError):
+            await asking
+        return [r.outstanding for r in pool.replicas.values()]
+
+    assert asyncio.run(scenario()) == [0]
+    assert seen == [
+        "POST http://10.0.0.1:8001/v1/handoff/reservations",
+        "DELETE http://10.0.0.1:8001/v1/handoff/reservations/r-1",
+    ]

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from ar_service.input_images import EditPixels, OutputSize, decode_edit
+from ar_service.input_images import EditPixels, OutputSize, decode_edit, read_upload
 from services.errors import ApiError
 
 AUTO = OutputSize(requested=None, multiple=16, max_pixels=256 * 256)
@@ -36,7 +36,8 @@ def mask_png(width: int = 48, height: int = 32, hole: tuple[int, int, int, int] 
 
 
 def decode(image: bytes, mask: bytes | None = None, size: OutputSize = AUTO, cap: int = CAP) -> EditPixels:
-    return decode_edit(image, mask, size, cap)
+    """Both steps: the headers read and checked, then the decode."""
+    return decode_edit(read_upload(image, mask, cap), size)
 
 
 def refusal(image: bytes, mask: bytes | None = None, cap: int = CAP) -> ApiError:

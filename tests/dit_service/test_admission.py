@@ -1,4 +1,8 @@
+"""A DiT's places: bounded, taken by a reservation or by a handoff, given back once, lapsing when unused."""
+
 from __future__ import annotations
+
+import asyncio
 
 import pytest
 
@@ -7,33 +11,56 @@ from services.errors import ApiError
 
 
 def control(**overrides) -> AdmissionControl:
-    values = {"max_handoffs": 2, "max_runs": 1, "queue_size": 1, "retry_after_seconds": 3}
+    values = {"max_handoffs": 8, "max_runs": 1, "queue_size": 1, "retry_after_seconds": 3, "reservation_seconds": 30}
     return AdmissionControl(**{**values, **overrides})
 
 
-def test_handoff_slots_are_bounded_and_refusal_carries_retry_after():
-    admission = control()
-    with admission.handoff_slot(), admission.handoff_slot(), pytest.raises(ApiError) as refused:  # noqa: SIM117
-        with admission.handoff_slot():  # the third one, inside the first two
-            pass
-    assert refused.value.status == 429 and refused.value.code == "too_many_handoffs"
-    assert refused.value.headers == {"Retry-After": "3"}
-    with admission.handoff_slot():  # slots come back
-        pass
+def test_places_are_the_fewer_of_handoffs_and_runs_plus_queue_and_refusal_carries_retry_after():
+    async def scenario():
+        admission = control()
+        first, second = admission.place(None), admission.place(None)
+        with pytest.raises(ApiError) as refused:
+            admission.place(None)
+        first.release()
+        first.release()  # idempotent
+        third = admission.place(None)
+        second.release()
+        third.release()
+        return admission.places, refused.value, admission.taken
+
+    places, refused, taken = asyncio.run(scenario())
+    assert places == 2 and taken == 0
+    assert refused.status == 429 and refused.code == "dit_full" and refused.headers == {"Retry-After": "3"}
+    assert control(max_handoffs=1, queue_size=4).places == 1
 
 
-def test_run_tickets_cover_running_plus_queued_and_block_new_handoffs_when_gone():
-    admission = control()
-    first, second = admission.run_ticket(), admission.run_ticket()
-    with pytest.raises(ApiError) as refused:
-        admission.run_ticket()
-    assert refused.value.code == "pipeline_queue_full"
-    with pytest.raises(ApiError), admission.handoff_slot():  # no point receiving rows that could not be rendered
-        pass
-    first.release()
-    first.release()  # idempotent
-    third = admission.run_ticket()
-    with pytest.raises(ApiError):
-        admission.run_ticket()
-    second.release()
-    third.release()
+def test_a_reservation_holds_a_place_that_its_handoff_takes_and_no_other_can():
+    async def scenario():
+        admission = control(queue_size=0)  # one place
+        reservation = admission.reserve()
+        with pytest.raises(ApiError):
+            admission.place(None)  # held for the reservation
+        with pytest.raises(ApiError):
+            admission.reserve()
+        place = admission.place(reservation)  # the handoff that names it gets it, whatever else is full
+        with pytest.raises(ApiError):
+            admission.place(reservation)  # used once
+        place.release()
+        return admission.taken
+
+    assert asyncio.run(scenario()) == 0
+
+
+def test_an_unused_reservation_lapses_and_its_place_comes_back():
+    async def scenario():
+        admission = control(queue_size=0, reservation_seconds=0.05)
+        reservation = admission.reserve()
+        await asyncio.sleep(0.1)
+        taken = admission.taken
+        other = admission.place(None)  # the place is free again, and someone else takes it
+        with pytest.raises(ApiError):
+            admission.place(reservation)  # lapsed: a handoff like any other, and there is no free place
+        other.release()
+        return taken
+
+    assert asyncio.run(scenario()) == 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import time
 
+import httpx
 import msgpack
 import pytest
 import torch
@@ -397,21 +398,38 @@ def test_stalled_handoff_times_out_and_releases_memory(dit_server):
     assert_released(dit_server.url)
 
 
-def test_full_handoff_slots_answer_429_with_retry_after(narrow_server):
+def test_full_places_answer_429_with_retry_after(narrow_server):
     holder = RawHandoff(narrow_server.port)
     try:
         holder.send(b"".join(bytes(b) for b in HandoffEncoder(open_frame(ROWS)).open_frame()))
         wait_for(lambda: metric(narrow_server.url, "ardit_dit_handoffs_in_flight") == 1)
         answer = post_handoff(narrow_server.url, complete_handoff(hidden_rows(ROWS)))
         assert answer.status == 429
-        assert answer.refusal["code"] == "too_many_handoffs"
+        assert answer.refusal["code"] == "dit_full"
         assert int(answer.headers["retry-after"]) >= 1
+        reservation = httpx.post(f"{narrow_server.url}/v1/handoff/reservations", headers=handoff_headers())
+        assert reservation.status_code == 429 and reservation.json()["error"]["code"] == "dit_full"
     finally:
         holder.close()
     # A dropped connection ends the handoff like any other failure.
     wait_for(lambda: metric(narrow_server.url, "ardit_dit_handoff_failures_total", reason="client_disconnected") == 1)
     assert_released(narrow_server.url)
     assert post_handoff(narrow_server.url, complete_handoff(hidden_rows(ROWS))).status == 200
+
+
+def test_a_reserved_place_is_kept_for_the_handoff_that_names_it(narrow_server):
+    reserved = httpx.post(f"{narrow_server.url}/v1/handoff/reservations", headers=handoff_headers())
+    assert reserved.status_code == 201 and reserved.json()["expires_in"] > 0
+    # The one place is held: a handoff without the reservation is refused at once, before its body.
+    assert post_handoff(narrow_server.url, complete_handoff(hidden_rows(ROWS))).status == 429
+    named = {**handoff_headers(), "x-ardit-reservation": reserved.json()["reservation"]}
+    answer = post_handoff(narrow_server.url, complete_handoff(hidden_rows(ROWS)), headers=named)
+    assert answer.status == 200 and answer.images
+
+
+def test_reservations_want_the_handoff_token(narrow_server):
+    answer = httpx.post(f"{narrow_server.url}/v1/handoff/reservations")
+    assert answer.status_code == 401
 
 
 def test_unconfigured_token_refuses_every_handoff(tmp_path):

@@ -47,6 +47,12 @@ class ImageFields(TypedDict):
 FRAME: ImageFields = {"request_id": "req_x", "image_index": 0, "output_format": "png"}
 
 
+def places(queue_size: int) -> AdmissionControl:
+    return AdmissionControl(
+        max_handoffs=1, max_runs=1, queue_size=queue_size, retry_after_seconds=1, reservation_seconds=30
+    )
+
+
 def result_stream(
     runner,
     admission: AdmissionControl,
@@ -99,9 +105,11 @@ class ScriptedRunner:
 
 def collect(behaviour: str, fatal: Fatal | None = None, progress_interval: float = 60.0):
     async def run():
-        admission = AdmissionControl(max_handoffs=1, max_runs=1, queue_size=0, retry_after_seconds=1)
+        admission = AdmissionControl(
+            max_handoffs=1, max_runs=1, queue_size=0, retry_after_seconds=1, reservation_seconds=30
+        )
         stream = result_stream(ScriptedRunner(behaviour), admission, fatal=fatal, progress_interval=progress_interval)
-        response = stream.respond(JOB, admission.run_ticket(), time.monotonic(), handoff_seconds=0.5)
+        response = stream.respond(JOB, admission.place(None), time.monotonic(), handoff_seconds=0.5)
         assert response.media_type == RESULT_MEDIA_TYPE
         reader = ResultReader()
         frames: list[ResultFrame] = []
@@ -138,10 +146,12 @@ def test_a_silent_stretch_is_filled_with_progress_so_silence_means_frozen():
 def test_consecutive_failures_of_one_stream_trigger_fatal():
     async def run():
         fatal = Fatal()
-        admission = AdmissionControl(max_handoffs=1, max_runs=1, queue_size=2, retry_after_seconds=1)
+        admission = AdmissionControl(
+            max_handoffs=1, max_runs=1, queue_size=2, retry_after_seconds=1, reservation_seconds=30
+        )
         stream = result_stream(ScriptedRunner("fail"), admission, fatal=fatal)
         for expected in (None, "the pipeline failed 2 runs in a row"):
-            response = stream.respond(JOB, admission.run_ticket(), 0.0, 0.0)
+            response = stream.respond(JOB, admission.place(None), 0.0, 0.0)
             async for _ in response.body_iterator:
                 pass
             assert fatal.reason == expected
@@ -157,35 +167,39 @@ async def wait_until(event: threading.Event) -> None:
 
 def test_a_consumer_that_goes_away_stops_the_run_and_capacity_returns_only_when_it_has():
     async def run():
-        admission = AdmissionControl(max_handoffs=1, max_runs=1, queue_size=0, retry_after_seconds=1)
+        admission = AdmissionControl(
+            max_handoffs=1, max_runs=1, queue_size=0, retry_after_seconds=1, reservation_seconds=30
+        )
         runner = ScriptedRunner("wait_for_cancel")
         metrics = DitMetrics(CollectorRegistry())
-        response = result_stream(runner, admission, metrics).respond(JOB, admission.run_ticket(), 0.0, 0.0)
+        response = result_stream(runner, admission, metrics).respond(JOB, admission.place(None), 0.0, 0.0)
         frames = response.body_iterator
         assert isinstance(frames, AsyncGenerator)
         await anext(frames)  # the preview: the run is under way
         await frames.aclose()  # what a disconnect does to the response
         assert not runner.finished.is_set()
-        with pytest.raises(ApiError, match="queue is full"):
-            admission.run_ticket()  # still held by the running thread
+        with pytest.raises(ApiError, match="every place is taken"):
+            admission.place(None)  # still held by the running thread
         await wait_until(runner.finished)
-        admission.run_ticket().release()
+        admission.place(None).release()
         assert not admission.run_slots.locked()
         assert metrics.pipeline_failures.labels("client_disconnected")._value.get() == 1
 
     asyncio.run(run())
 
 
-def test_a_response_that_never_streams_still_stops_its_run_and_returns_its_ticket():
+def test_a_response_that_never_streams_still_stops_its_run_and_gives_back_its_place():
     async def run():
-        admission = AdmissionControl(max_handoffs=1, max_runs=1, queue_size=0, retry_after_seconds=1)
+        admission = AdmissionControl(
+            max_handoffs=1, max_runs=1, queue_size=0, retry_after_seconds=1, reservation_seconds=30
+        )
         runner = ScriptedRunner("wait_for_cancel")
-        response = result_stream(runner, admission).respond(JOB, admission.run_ticket(), 0.0, 0.0)
+        response = result_stream(runner, admission).respond(JOB, admission.place(None), 0.0, 0.0)
         await asyncio.to_thread(runner.started.wait, 10)
         assert response.background is not None
         await response.background()  # what Starlette runs when the client is gone before the first byte
         await wait_until(runner.finished)
-        admission.run_ticket().release()
+        admission.place(None).release()
 
     asyncio.run(run())
 
@@ -257,7 +271,7 @@ def test_disconnect_mid_run_interrupts_it_and_frees_the_pipeline(narrow_server):
         assert metric(url, "ardit_dit_pipeline_runs_in_flight") == 1
         # The only run slot is taken and nothing may queue: refused up front.
         busy = post_handoff(url, complete_handoff(hidden_rows(10)))
-        assert busy.status == 429 and busy.refusal["code"] == "pipeline_queue_full"
+        assert busy.status == 429 and busy.refusal["code"] == "dit_full"
         assert busy.headers["retry-after"]
     deadline = time.monotonic() + 10
     while metric(url, "ardit_dit_pipeline_runs_in_flight") or not metric(

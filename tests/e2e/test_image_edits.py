@@ -13,11 +13,15 @@ and masks guarantee is measured against that VAE's own round trip, in pixels:
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import io
+import threading
+import time
 
 import httpx
 import numpy as np
 import openai
+import psutil
 import pytest
 import torch
 from diffusers import AutoencoderKLQwenImage
@@ -265,6 +269,42 @@ def test_a_decompression_bomb_is_refused_before_it_is_decoded(client, stack):
     assert (body["param"], body["code"]) == ("image", "image_too_large")
 
 
+def test_four_thin_images_at_once_are_400s_before_anything_is_decoded(stack):
+    # A tall, thin PNG at the input cap (1 x 16,777,216 pixels, about 50 KB): with size=auto its output would
+    # be one size multiple wide and far over the DiT's pixel limit. The AR's RSS is the test process's here.
+    thin = file_bytes(Image.new("RGB", (1, stack.settings.max_edit_input_pixels)))
+    assert len(thin) < 100_000
+    process = psutil.Process()
+    before, peak, done = process.memory_info().rss, [0], threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], process.memory_info().rss)
+            time.sleep(0.01)
+
+    def edit(_: int) -> httpx.Response:
+        return httpx.post(
+            f"{stack.api_base}/images/edits",
+            headers={"authorization": f"Bearer {API_KEY}"},
+            data={"prompt": "taller", "size": "auto"},
+            files={"image": ("thin.png", thin, "image/png")},
+            timeout=60,
+        )
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(edit, range(4)))
+    done.set()
+    watcher.join()
+    for answer in answers:
+        assert answer.status_code == 400, answer.text
+        assert (answer.json()["error"]["param"], answer.json()["error"]["code"]) == ("image", "invalid_image_size")
+    grew = (peak[0] - before) / 2**20
+    assert grew < 100, f"RSS grew {grew:.0f} MB"
+    print(f"thin PNG x4: statuses {[a.status_code for a in answers]}, peak RSS +{grew:.1f} MB")
+
+
 def test_too_many_images_are_refused(client, stack):
     body = refused(client, stack, image=[input_png()] * (MAX_IMAGES + 1))
     assert body["param"] == "image"
@@ -310,9 +350,18 @@ def test_variations_are_a_clear_404(client):
     assert error_body["code"] == "unsupported_endpoint" and "edits" in error_body["message"]
 
 
-@pytest.mark.parametrize(
-    ("method", "path"), [("POST", "/v1/images/other"), ("GET", "/v1/nothing"), ("DELETE", "/v1/models")]
-)
-def test_every_unknown_route_is_a_json_404(stack, method, path):
+@pytest.mark.parametrize(("method", "path"), [("POST", "/v1/images/other"), ("GET", "/v1/nothing")])
+def test_every_unknown_path_is_a_json_404(stack, method, path):
     response = httpx.request(method, f"{stack.ar.url}{path}", headers={"authorization": f"Bearer {API_KEY}"})
     assert response.status_code == 404 and response.json()["error"]["code"] == "not_found"
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "allowed"),
+    [("GET", "/v1/images/generations", "POST"), ("PUT", "/v1/images/edits", "POST"), ("DELETE", "/v1/models", "GET")],
+)
+def test_a_wrong_method_on_a_real_route_is_a_json_405_naming_the_one_allowed(stack, method, path, allowed):
+    response = httpx.request(method, f"{stack.ar.url}{path}", headers={"authorization": f"Bearer {API_KEY}"})
+    assert response.status_code == 405 and response.headers["allow"] == allowed
+    error = response.json()["error"]
+    assert error["code"] == "method_not_allowed" and error["message"].startswith(f"{method} is not allowed on {path}")

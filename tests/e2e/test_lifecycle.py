@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import logging
 import socket
 import time
 
@@ -50,11 +51,28 @@ def settled(stack: Stack, timeout: float = 30.0) -> dict[str, float]:
     return counts()
 
 
-def test_client_disconnect_aborts_everything(stack):
+def test_client_disconnect_aborts_everything_and_logs_one_info_line(stack, caplog):
+    caplog.set_level(logging.DEBUG)
     with pytest.raises(httpx.ReadTimeout):
         post(stack, timeout=1.5, prompt="a slow one", max_new_tokens=60, num_inference_steps=30)
     assert not any(settled(stack).values())
+    said = [r for r in caplog.records if r.name.startswith("ardit") and r.levelno >= logging.INFO]
+    leaving = [r for r in said if "client closed the request" in r.getMessage()]
+    assert len(leaving) == 1 and leaving[0].levelno == logging.INFO
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or "destroyed" in r.getMessage()]
     assert post(stack, prompt="still serving", num_inference_steps=2).status_code == 200
+
+
+def test_a_stream_whose_client_leaves_logs_one_info_line(stack, caplog):
+    caplog.set_level(logging.DEBUG)
+    body = {"prompt": "a slow stream", "stream": True, "partial_images": 2, "num_inference_steps": 30}
+    with httpx.stream("POST", f"{stack.api_base}/images/generations", json=body, headers=HEADERS, timeout=60) as r:
+        assert r.status_code == 200
+        next(r.iter_lines())  # the stream started; then the client goes
+    assert not any(settled(stack).values())
+    leaving = [r for r in caplog.records if "stream was closed before its end" in r.getMessage()]
+    assert len(leaving) == 1 and leaving[0].levelno == logging.INFO
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or "destroyed" in r.getMessage()]
 
 
 def test_client_disconnect_during_denoising_stops_the_dit_within_a_step(stack):

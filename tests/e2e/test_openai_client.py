@@ -172,6 +172,26 @@ def test_streaming_partial_then_completed(client):
     assert {e.size for e in events} == {"64x64"}  # the rendered size: strict mode takes any WIDTHxHEIGHT
 
 
+def test_partial_images_of_n_images_say_which_image_they_preview(client):
+    events = list(
+        client.images.generate(
+            prompt="a lantern",
+            size="64x64",
+            n=2,
+            stream=True,
+            partial_images=2,
+            extra_body={"seed": 4, "num_inference_steps": 4},
+        )
+    )
+    partials = [e for e in events if e.type == "image_generation.partial_image"]
+    # image_index is ardit's field beside OpenAI's; the strict client keeps it as an extra.
+    by_image: dict[int, list[int]] = {}
+    for partial in partials:
+        by_image.setdefault(getattr(partial, "image_index"), []).append(partial.partial_image_index)  # noqa: B009
+    assert by_image == {0: [0, 1], 1: [0, 1]}
+    assert [e.type for e in events[-2:]] == ["image_generation.completed"] * 2
+
+
 def test_models_endpoints(client):
     models = client.models.list()
     assert [m.id for m in models.data] == ["ardit"]

@@ -46,7 +46,7 @@ def hold_every_slot(stack: Stack) -> list[AdmissionTicket]:
 
 def release(stack: Stack, tickets: list[AdmissionTicket]) -> None:
     for ticket in tickets:
-        stack.ar.loop.call_soon_threadsafe(ticket.release)
+        stack.ar.loop.call_soon_threadsafe(ticket.release, False)  # held, not served: no pace measured
 
 
 @pytest.fixture
@@ -102,11 +102,22 @@ def test_invalid_parameters_refuse_a_stream_with_a_400(stack):
     assert error_body["param"] == "size"
 
 
+def test_a_prompt_over_a_token_limit_refuses_a_stream_with_a_400(stack):
+    dit, _ = stack.ar.call(stack.runtime.readiness.require())
+    # Past the image model's conditioning rows (within the AR's own limit), and past the AR's limit.
+    for words in (dit.limits.max_conditioning_rows + 8, stack.settings.max_prompt_tokens + 8):
+        with pytest.raises(openai.BadRequestError) as info:
+            client_for(stack).images.generate(prompt="red " * words, size="64x64", stream=True)
+        error_body = info.value.body
+        assert isinstance(error_body, dict)
+        assert (error_body["param"], error_body["code"]) == ("prompt", "context_length_exceeded"), words
+
+
 def test_keep_alive_comments_arrive_during_a_long_silent_render(stack):
     # At the default keep-alive interval (10 s): the largest size the DiT takes, no previews, so nothing
-    # but keep-alives is sent for the 20 s or more the render takes here.
+    # but keep-alives is sent for the 30 s or so the render takes here (at least two intervals).
     keepalive = stack.settings.sse_keepalive_seconds
-    body = {"prompt": "a slow one", "size": "1440x1440", "num_inference_steps": 12, "stream": True, "seed": 2}
+    body = {"prompt": "a slow one", "size": "1440x1440", "num_inference_steps": 20, "stream": True, "seed": 2}
     silent = []
     started = time.monotonic()
     with httpx.stream(

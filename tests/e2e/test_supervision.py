@@ -8,59 +8,20 @@ served afterwards with nothing left in flight.
 from __future__ import annotations
 
 import concurrent.futures
-import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import psutil
 import pytest
 
+from shared.capabilities import DitCapabilities
 from tests.conftest import PLUMBING_DIT_MODEL_DIR
 from tests.e2e.metrics_text import sample
-from tests.support.ports import free_port
+from tests.support.launched_pair import READY_TIMEOUT, Pair, launched_pair, ready, wait_for
 
 pytestmark = pytest.mark.slow
-
-READY_TIMEOUT = 600.0
-
-
-@dataclass
-class Pair:
-    launcher: subprocess.Popen[bytes]
-    ar_url: str
-    dit_url: str
-    log: Path
-
-    def service(self, module: str) -> psutil.Process:
-        for child in psutil.Process(self.launcher.pid).children():
-            if f"-m{module}" in "".join(child.cmdline()):
-                return child
-        raise LookupError(f"{module} is not running")
-
-    def generate(self, timeout: float = 120.0, **body) -> httpx.Response:
-        payload = {"prompt": "a blue circle", "size": "64x64", "num_inference_steps": 2, **body}
-        return httpx.post(f"{self.ar_url}/v1/images/generations", json=payload, timeout=timeout)
-
-
-def wait_for(condition, timeout: float, what: str) -> float:
-    started = time.monotonic()
-    while not condition():
-        assert time.monotonic() - started < timeout, f"{what}: not within {timeout:g} s"
-        time.sleep(0.1)
-    return time.monotonic() - started
-
-
-def ready(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
-    except httpx.TransportError:
-        return False
 
 
 def nothing_in_flight(pair: Pair) -> bool:
@@ -76,24 +37,8 @@ def nothing_in_flight(pair: Pair) -> bool:
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory) -> Iterator[Pair]:
-    ar_port, dit_port = free_port(), free_port()
-    env = dict(
-        os.environ,
-        ARDIT_AR_PORT=str(ar_port),
-        ARDIT_DIT_PORT=str(dit_port),
-        ARDIT_DIT_MODEL_DIR=str(PLUMBING_DIT_MODEL_DIR),
-    )
-    log = tmp_path_factory.mktemp("launcher") / "launcher.log"
-    with log.open("wb") as out:
-        launcher = subprocess.Popen([sys.executable, "-m", "services.launcher"], env=env, stdout=out, stderr=out)
-    pair = Pair(launcher, f"http://127.0.0.1:{ar_port}", f"http://127.0.0.1:{dit_port}", log)
-    try:
-        wait_for(lambda: ready(pair.ar_url), READY_TIMEOUT, "the pair is ready")
+    with launched_pair(tmp_path_factory.mktemp("launcher") / "launcher.log", PLUMBING_DIT_MODEL_DIR) as pair:
         yield pair
-    finally:
-        if launcher.poll() is None:
-            launcher.send_signal(signal.SIGINT)
-            launcher.wait(60)
 
 
 def test_a_frozen_dit_fails_requests_in_seconds_and_serves_again_when_thawed(pair):
@@ -133,19 +78,29 @@ def test_a_dit_killed_mid_render_is_restarted_and_the_ar_serves_again_without_a_
     print(f"DiT killed mid-render: the pair was ready again {recovered:.1f} s later")
 
 
-def test_a_dead_engine_is_noticed_the_ar_exits_and_comes_back(pair):
+def test_a_dead_engine_fails_every_request_in_flight_with_503_and_the_ar_comes_back(pair):
     ar = pair.service("ar_service")
     [core] = [p for p in ar.children(recursive=True) if "EngineCore" in p.name() + " ".join(p.cmdline())]
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        pending = pool.submit(pair.generate, 120.0, max_new_tokens=200)  # decoding for many seconds
-        wait_for(lambda: sample(pair.ar_url, "ardit_ar_handoffs_in_flight") == 1, 60, "the request is decoding")
-        time.sleep(0.5)
+    capacity = DitCapabilities.model_validate(
+        httpx.get(f"{pair.dit_url}/readyz").json()["capabilities"]
+    ).capacity.max_outstanding
+    with concurrent.futures.ThreadPoolExecutor(capacity + 2) as pool:
+        # Stages at the kill: one denoising at the DiT (the engine is done with it), one decoding in the
+        # engine with its rows streaming to the DiT, the rest of the capacity waiting at the DiT, and
+        # two queued at the AR's admission.
+        denoising = pool.submit(pair.generate, 300.0, size="512x512", num_inference_steps=100)
+        wait_for(lambda: sample(pair.dit_url, "ardit_dit_pipeline_runs_in_flight") == 1, 60, "one is denoising")
+        decoding = pool.submit(pair.generate, 300.0, max_new_tokens=200)
+        wait_for(lambda: sample(pair.ar_url, "ardit_ar_handoffs_in_flight") == 2, 60, "one is decoding")
+        rest = [pool.submit(pair.generate, 300.0) for _ in range(capacity)]
+        wait_for(lambda: sample(pair.ar_url, "ardit_ar_requests_queued") == 2, 60, "two are queued")
         core.send_signal(signal.SIGKILL)
         killed_at = time.monotonic()
         noticed = wait_for(lambda: not ready(pair.ar_url), 10, "readiness turns 503")
-        in_flight = pending.result(60)
-    assert noticed < 1.5
-    assert in_flight.status_code == 503 and in_flight.json()["error"]["code"] in ("engine_unavailable", "not_ready")
+        answers = [pending.result(60) for pending in [denoising, decoding, *rest]]
+    answered = time.monotonic() - killed_at
+    assert noticed < 1.5 and answered < 10
+    assert [(a.status_code, a.json()["error"]["code"]) for a in answers] == [(503, "engine_unavailable")] * len(answers)
     ar.wait(60)  # the AR exits on its own, non-zero (the launcher, its parent, logs the code)...
     wait_for(lambda: "ar exited with code 3" in pair.log.read_text(), 10, "the launcher saw the AR exit with 3")
     back = wait_for(lambda: ready(pair.ar_url), READY_TIMEOUT, "the restarted AR is ready")  # ...and is restarted
@@ -153,8 +108,9 @@ def test_a_dead_engine_is_noticed_the_ar_exits_and_comes_back(pair):
     assert pair.generate().status_code == 200
     wait_for(lambda: nothing_in_flight(pair), 10, "nothing in flight")
     print(
-        f"EngineCore killed: readiness 503 after {noticed:.2f} s, ready again {time.monotonic() - killed_at:.1f} s "
-        f"after the kill ({back:.1f} s after the AR exited)"
+        f"EngineCore killed with {len(answers)} requests in flight: readiness 503 after {noticed:.2f} s, all "
+        f"answered 503 within {answered:.1f} s, ready again {time.monotonic() - killed_at:.1f} s after the kill "
+        f"({back:.1f} s after the AR exited)"
     )
 
 

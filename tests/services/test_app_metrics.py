@@ -87,11 +87,14 @@ def test_unknown_paths_and_methods_share_one_label_each(served):
     client, registry = served
     for path in ("/nope", "/wp-admin/x", "/v1/things"):
         assert client.get(path).status_code == 404
-    # A method no route serves at a known path is an unknown URL too (OpenAI's answer), not a 405.
-    assert client.request("BREW", "/v1/things/a").status_code == 404
+    # A method no route serves at a known path: 405, naming the method the route takes.
+    wrong = client.request("BREW", "/v1/things/a")
+    assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"
+    assert wrong.json()["error"]["message"] == "BREW is not allowed on /v1/things/a; it takes POST"
     assert count(registry, "ardit_t_http_requests_total", route="none", method="GET", status="404") == 3
-    assert count(registry, "ardit_t_http_requests_total", route="/v1/things/{name}", method="OTHER", status="404") == 1
-    assert count(registry, "ardit_t_api_errors_total", status="404", code="not_found") == 4
+    assert count(registry, "ardit_t_http_requests_total", route="/v1/things/{name}", method="OTHER", status="405") == 1
+    assert count(registry, "ardit_t_api_errors_total", status="404", code="not_found") == 3
+    assert count(registry, "ardit_t_api_errors_total", status="405", code="method_not_allowed") == 1
 
 
 def test_probes_and_scrapes_are_counted_too(served):

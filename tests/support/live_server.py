@@ -11,8 +11,9 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 import httpx
-import uvicorn
 from fastapi import FastAPI
+
+from services.serve import server
 
 T = TypeVar("T")
 
@@ -25,7 +26,7 @@ class LiveServer:
         self._socket.bind(("127.0.0.1", 0))
         self.port = self._socket.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        self._server = server(app, "127.0.0.1", self.port)  # as `python -m <service>` runs it
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._serve, daemon=True)
 

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from ar_service.api.edit_form import EditForm, Upload
 from ar_service.api.protocol import ImageEditRequest, ImageGenerationRequest
 from ar_service.api.validation import STRENGTH_BY_FIDELITY, RequestValidator, ValidGeneration, edit_strength
+from ar_service.input_images import EditMemory
 from ar_service.prompt_builder import PromptBuilder
 from ar_service.settings import ArSettings
 from services.errors import ApiError
@@ -25,7 +26,7 @@ from tests.support.capabilities import DIT
 def validator() -> RequestValidator:
     settings = ArSettings(max_new_tokens_limit=16)
     prompts = PromptBuilder.from_model_dir(require_checkpoint(settings.model_dir), settings.prompt_template)
-    return RequestValidator(settings, prompts)
+    return RequestValidator(settings, prompts, EditMemory(settings.max_edit_memory_bytes))
 
 
 @pytest.fixture
@@ -67,11 +68,13 @@ def test_quality_and_explicit_steps_choose_the_steps(translate):
     assert translate(quality="high", num_inference_steps=3).generation.diffusion.num_inference_steps == 3
 
 
-def test_guidance_over_one_or_a_negative_prompt_turn_on_cfg(translate, validator):
+def test_only_guidance_over_one_turns_on_cfg_and_encodes_the_negative_prompt(translate, validator):
     assert translate(guidance_scale=4.0).generation.prompts["uncond"].token_ids == validator.prompt_token_ids(" ")
-    assert translate(negative_prompt="blurry").generation.prompts["uncond"].token_ids == validator.prompt_token_ids(
-        "blurry"
-    )
+    blurry = translate(guidance_scale=4.0, negative_prompt="blurry").generation.prompts["uncond"]
+    assert blurry.token_ids == validator.prompt_token_ids("blurry")
+    # Without CFG a negative prompt would change nothing: it is not prefilled (the DiT's default here is 1).
+    assert set(translate(negative_prompt="blurry").generation.prompts) == {"cond"}
+    assert set(translate(negative_prompt="blurry", guidance_scale=1.0).generation.prompts) == {"cond"}
 
 
 def test_an_unseeded_request_gets_a_seed_derived_from_its_id(translate):
@@ -106,7 +109,7 @@ def test_the_response_is_shaped_by_what_the_request_asked(translate):
         ({"max_new_tokens": 17}, "max_new_tokens", "invalid_value"),
         ({"seed": 2**63 - 1, "n": 2}, "seed", "invalid_value"),
         ({"prompt": "red " * 2000}, "prompt", "context_length_exceeded"),
-        ({"negative_prompt": "red " * 2000}, "negative_prompt", "context_length_exceeded"),
+        ({"negative_prompt": "red " * 2000, "guidance_scale": 2.0}, "negative_prompt", "context_length_exceeded"),
         ({"model": "dall-e-3"}, "model", "model_not_found"),
     ],
 )

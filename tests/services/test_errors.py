@@ -1,0 +1,103 @@
+"""Every answer of an app made by create_app is OpenAI-shaped JSON that says what went wrong in the
+client's terms: a body that is not JSON, a method the route does not take, a bug nobody foresaw."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Iterator
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from fastapi.responses import StreamingResponse
+from fastapi.testclient import TestClient
+from prometheus_client import CollectorRegistry
+from pydantic import BaseModel
+
+from services.app import Readiness, create_app
+from services.app_metrics import AppMetrics
+from services.fatal import Fatal
+from tests.support.live_server import LiveServer
+
+
+class Body(BaseModel):
+    n: int
+
+
+async def ready() -> Readiness:
+    return Readiness(True, "ready")
+
+
+def build_app() -> tuple[FastAPI, CollectorRegistry]:
+    registry = CollectorRegistry()
+    app = create_app("test", lifespan=None, readiness=ready, app_metrics=AppMetrics(registry, "t"), fatal=Fatal())
+
+    @app.post("/v1/things")
+    async def make(body: Body) -> dict[str, int]:
+        return {"n": body.n}
+
+    @app.get("/v1/broken")
+    async def broken() -> None:
+        raise RuntimeError("a bug")
+
+    @app.get("/v1/broken-midway")
+    async def broken_midway() -> StreamingResponse:
+        async def chunks() -> AsyncIterator[bytes]:
+            yield b"first"
+            raise RuntimeError("a bug after the status line")
+
+        return StreamingResponse(chunks())
+
+    return app, registry
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[TestClient, CollectorRegistry]]:
+    app, registry = build_app()
+    with TestClient(app, raise_server_exceptions=False) as client:
+        yield client, registry
+
+
+def test_a_body_that_is_not_json_says_where_it_broke(served):
+    client, _ = served
+    response = client.post("/v1/things", content=b'{"n": 1', headers={"content-type": "application/json"})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "invalid_json" and error["param"] is None
+    assert "not valid JSON" in error["message"] and "at character 7" in error["message"]
+
+
+def test_a_wrong_method_names_the_method_and_the_one_allowed(served):
+    client, _ = served
+    response = client.put("/v1/things", json={"n": 1})
+    assert response.status_code == 405 and response.headers["allow"] == "POST"
+    assert response.json()["error"] == {
+        "message": "PUT is not allowed on /v1/things; it takes POST",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "method_not_allowed",
+    }
+
+
+def test_a_bug_is_a_json_500_naming_the_request_id_logged_once_and_counted(served, caplog):
+    client, registry = served
+    with caplog.at_level(logging.ERROR):
+        response = client.get("/v1/broken", headers={"x-request-id": "req-bug-1"})
+    assert response.status_code == 500 and response.headers["x-request-id"] == "req-bug-1"
+    error = response.json()["error"]
+    assert error["code"] == "internal_error" and error["type"] == "server_error"
+    assert "req-bug-1" in error["message"] and "a bug" not in error["message"]
+    tracebacks = [record for record in caplog.records if record.exc_info]
+    assert len(tracebacks) == 1 and "a bug" in str(tracebacks[0].exc_info[1])
+    assert registry.get_sample_value("ardit_t_api_errors_total", {"status": "500", "code": "internal_error"}) == 1
+
+
+def test_a_bug_after_the_status_line_cuts_the_answer_short_instead_of_passing_it_as_complete():
+    app, registry = build_app()
+    server = LiveServer(app).start()
+    try:
+        with pytest.raises(httpx.RemoteProtocolError):
+            httpx.get(f"{server.url}/v1/broken-midway")
+    finally:
+        server.stop()
+    assert registry.get_sample_value("ardit_t_api_errors_total", {"status": "500", "code": "internal_error"}) == 1
