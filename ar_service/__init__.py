@@ -1,7 +1,7 @@
 """The AR service: vLLM with hidden-state capture, the public OpenAI image API, the handoff to DiTs.
 
-Read it in the order a request travels (docs/reading-order.md): ``api/router.py`` →
-``api/serving.py`` → ``api/validation.py`` → ``admission.py`` → ``image_generation.py`` →
+Read it in the order a request travels (README.md, "How a request flows"): ``api/admission_door.py`` →
+``api/router.py`` → ``api/serving.py`` → ``api/validation.py`` → ``admission.py`` → ``image_generation.py`` →
 ``engine/`` (vLLM) → ``handoff_body.py`` → ``dit_pool.py`` → ``handoff_client.py``. ``app.py``
 composes them.
 

@@ -15,6 +15,12 @@ requests of a burst finishing close together) say little about that rate and are
 the first line is measured. Until the first completion the pace is unknown: one round of
 ``capacity`` requests may wait, the rest are refused, at once.
 
+A request enters at arrival, before its body is parsed (``AdmissionDoor``, in front of the image
+routes): ``enter`` gives it a slot now, a place in line, or the 429 — a few microseconds, so a burst
+of hundreds is answered within one pass over it. Its place then travels with the request to serving,
+which validates it and waits for its turn (``AdmissionPlace.turn``); a place given up before its turn
+(a request refused as invalid, a client gone) lets the line move on.
+
 Everything runs on the event loop thread, so plain counters and futures are enough.
 """
 
@@ -48,6 +54,37 @@ class AdmissionTicket:
             self._admission.finished(served)
 
 
+class AdmissionPlace:
+    """A request's place, taken at arrival: a slot already, or a turn in line. ``turn`` gives the slot
+    as a ticket (waiting for it if needed); ``leave`` gives the place up, once, if the ticket was not taken."""
+
+    def __init__(self, admission: RequestAdmission, turn: asyncio.Future[None]) -> None:
+        self._admission = admission
+        self._turn = turn
+        self._entered_at = time.monotonic()
+        self._settled = False
+
+    @property
+    def started(self) -> bool:
+        """The slot is this request's: ``turn`` returns at once."""
+        return self._turn.done() and not self._turn.cancelled()
+
+    async def turn(self) -> AdmissionTicket:
+        try:
+            await self._turn
+        except BaseException:
+            self.leave()  # the client left while in line
+            raise
+        self._settled = True
+        self._admission.observe_wait(time.monotonic() - self._entered_at)
+        return AdmissionTicket(self._admission)
+
+    def leave(self) -> None:
+        if not self._settled:
+            self._settled = True
+            self._admission.left(self._turn)
+
+
 class RequestAdmission:
     def __init__(self, max_queued: int, max_wait: float, metrics: ArMetrics) -> None:
         self._max_queued = max_queued
@@ -66,13 +103,16 @@ class RequestAdmission:
     def in_flight(self) -> int:
         return self._running
 
-    async def admit(self, capacity: int) -> AdmissionTicket:
-        """A slot among ``capacity`` now, or after waiting in line; ``Overloaded`` (429) at once when the
-        line is full or the wait would be longer than ``max_wait``."""
+    def enter(self, capacity: int) -> AdmissionPlace:
+        """A slot among ``capacity`` now, or a place in line; ``Overloaded`` (429) at once when the line
+        is full or the wait would be longer than ``max_wait``."""
         self._capacity = capacity
         self._start_waiting()  # the DiTs may have announced more room since the last request
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if self._running < capacity and not self._waiting:
-            return self._start(queued_seconds=0.0)
+            self._start()
+            turn.set_result(None)
+            return AdmissionPlace(self, turn)
         ahead = len(self._waiting)
         if ahead >= self._max_queued:
             raise self._refuse(f"the queue is full ({self._max_queued} requests wait)", ahead)
@@ -81,7 +121,9 @@ class RequestAdmission:
             raise self._refuse("the pace of this service is not measured yet; one round may wait", ahead)
         if wait is not None and wait > self._max_wait:
             raise self._refuse(f"the wait would be about {wait:.0f} s, over {self._max_wait:g} s", ahead)
-        return await self._wait_in_line()
+        self._waiting.append(turn)
+        self._metrics.requests_queued.set(len(self._waiting))
+        return AdmissionPlace(self, turn)
 
     @property
     def pace(self) -> float | None:
@@ -106,40 +148,30 @@ class RequestAdmission:
             self._busy_since = None
         self._start_waiting()
 
-    async def _wait_in_line(self) -> AdmissionTicket:
-        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting.append(turn)
+    def left(self, turn: asyncio.Future[None]) -> None:
+        """A place given up before its ticket was taken: a slot already handed to it goes to the next in line."""
+        if turn.done() and not turn.cancelled():
+            self._end_one()
+            return
+        turn.cancel()
+        if turn in self._waiting:
+            self._waiting.remove(turn)
         self._metrics.requests_queued.set(len(self._waiting))
-        queued_at = time.monotonic()
-        try:
-            await turn
-        except BaseException:
-            # The client left: a slot handed over in the meantime goes to the next in line.
-            if turn.done() and not turn.cancelled():
-                self._end_one()
-            raise
-        finally:
-            if turn in self._waiting:
-                self._waiting.remove(turn)
-            self._metrics.requests_queued.set(len(self._waiting))
-        self._metrics.queue_wait_seconds.observe(time.monotonic() - queued_at)
-        return AdmissionTicket(self)
 
-    def _start(self, queued_seconds: float) -> AdmissionTicket:
+    def observe_wait(self, seconds: float) -> None:
+        self._metrics.queue_wait_seconds.observe(seconds)
+
+    def _start(self) -> None:
         self._running += 1
         if self._busy_since is None:
             self._busy_since = time.monotonic()
         self._metrics.requests_in_flight.set(self._running)
-        self._metrics.queue_wait_seconds.observe(queued_seconds)
-        return AdmissionTicket(self)
 
     def _start_waiting(self) -> None:
         while self._waiting and self._running < self._capacity:
             turn = self._waiting.popleft()
             if not turn.done():
-                self._running += 1
-                if self._busy_since is None:
-                    self._busy_since = time.monotonic()
+                self._start()
                 turn.set_result(None)
         self._metrics.requests_in_flight.set(self._running)
         self._metrics.requests_queued.set(len(self._waiting))

@@ -18,7 +18,8 @@ from starlette.types import ASGIApp
 
 from ar_service.admission import RequestAdmission
 from ar_service.api.admin import build_admin_router
-from ar_service.api.router import build_router
+from ar_service.api.admission_door import AdmissionDoor
+from ar_service.api.router import EDITS, IMAGE_ROUTES, build_router
 from ar_service.api.serving import ImageServing
 from ar_service.api.validation import RequestValidator
 from ar_service.dit_pool import DitPool
@@ -86,7 +87,7 @@ def create_ar_app(settings: ArSettings) -> FastAPI:
         readiness=readiness.probe,
         fatal=fatal,
         app_metrics=metrics.app,
-        gate=lambda inner: _gate(inner, settings, metrics),
+        gate=lambda inner: _gate(inner, settings, metrics, admission, readiness),
         slow_readers=SlowReaders(
             Families(metrics.app.registry, "ar"),
             send_timeout=settings.send_timeout_seconds,
@@ -101,11 +102,17 @@ def create_ar_app(settings: ArSettings) -> FastAPI:
     return app
 
 
-def _gate(inner: ASGIApp, settings: ArSettings, metrics: ArMetrics) -> ASGIApp:
-    """The public port's gate: API keys, then each body's size and arrival deadline."""
+def _gate(
+    inner: ASGIApp, settings: ArSettings, metrics: ArMetrics, admission: RequestAdmission, readiness: ArReadiness
+) -> ASGIApp:
+    """The public port's gate: API keys, then each body's size and arrival deadline; then the image
+    routes' admission door (a request the line has no room for is refused before it is parsed)."""
     keys = BearerAuth(settings.api_keys, what="API key", missing_code="missing_api_key", invalid_code="invalid_api_key")
+    door = AdmissionDoor(
+        inner, admission=admission, readiness=readiness, paths=IMAGE_ROUTES, on_refusal=metrics.app.count_error
+    )
     return RequestGate(
-        inner,
+        door,
         auth=keys,
         max_body_bytes=settings.max_request_body_bytes,
         body_timeout=settings.request_body_timeout_seconds,
@@ -114,5 +121,5 @@ def _gate(inner: ASGIApp, settings: ArSettings, metrics: ArMetrics) -> ASGIApp:
         on_refusal=metrics.app.count_error,
         # A response_format=url link is a capability: its unguessable id is the credential.
         open_get_prefixes=("/v1/images/",),
-        path_body_bytes={"/v1/images/edits": settings.max_edit_body_bytes},
+        path_body_bytes={EDITS: settings.max_edit_body_bytes},
     )

@@ -5,10 +5,18 @@ again on every probe, so a DiT that restarts with other limits (or another model
 soon as it is ready again. A DiT whose rows would not fit this AR (another hidden size, an
 unknown conditioning adapter) is reported not ready, with the reason, rather than failing every
 request later.
+
+A request never waits on a routine probe: one probe at a time refreshes a state older than
+``RECHECK_SECONDS`` while requests go on with the last one (a burst of hundreds of requests used to
+send hundreds of probes to a DiT busy rendering, and every one of them, refusals included, waited
+for its answer). Only a state not trusted yet — before the first probe, or after a request found
+the DiT unavailable — is waited for, and then all callers share the one probe.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from dataclasses import dataclass
 
@@ -16,6 +24,8 @@ import httpx
 from pydantic import ValidationError
 
 from shared.capabilities import DitCapabilities
+
+log = logging.getLogger("ardit.ar.dit_peer")
 
 # The DiT's readiness is asked at most this often; probes and requests come more often.
 RECHECK_SECONDS = 2.0
@@ -36,14 +46,18 @@ class DitPeer:
         self._conditioning = conditioning
         self._state = PeerState(False, "DiT not probed yet")
         self._checked_at = float("-inf")
+        self._trusted = False
+        self._probing: asyncio.Task[PeerState] | None = None
 
     async def state(self) -> PeerState:
-        """The DiT's state, probed again when the last probe is older than ``RECHECK_SECONDS``."""
-        now = time.monotonic()
-        if now - self._checked_at > RECHECK_SECONDS:
-            self._state = await self._probe()
-            self._checked_at = now
-        return self._state
+        """The DiT's state: the last one while it is trusted (a probe refreshes it in the background when
+        it is older than ``RECHECK_SECONDS``), else the answer of the probe under way."""
+        if self._probing is None and time.monotonic() - self._checked_at > RECHECK_SECONDS:
+            self._probing = asyncio.create_task(self._refresh())
+        if self._trusted or self._probing is None:
+            return self._state
+        # Shielded: a caller that is cancelled (its client left) does not cancel the others' probe.
+        return await asyncio.shield(self._probing)
 
     @property
     def last(self) -> PeerState:
@@ -53,6 +67,18 @@ class DitPeer:
     def forget(self) -> None:
         """A request just found the DiT unavailable: probe again before the next one trusts it."""
         self._checked_at = float("-inf")
+        self._trusted = False
+
+    async def _refresh(self) -> PeerState:
+        try:
+            state = await self._probe()
+        except Exception as exc:  # a probe's own failure (say, its client closed under it) is "not ready"
+            log.warning("probing the DiT failed: %r", exc)
+            state = PeerState(False, f"probing the DiT failed: {exc!r}")
+        finally:
+            self._probing = None
+        self._state, self._checked_at, self._trusted = state, time.monotonic(), True
+        return state
 
     async def _probe(self) -> PeerState:
         try:

@@ -147,6 +147,14 @@ class DitPool:
         capacity = sum(s.capabilities.capacity.max_outstanding for s in ready if s.capabilities is not None)
         return PoolState(True, f"ready ({len(ready)}/{len(live)} DiT replicas)", capabilities, capacity)
 
+    def known_capacity(self) -> int:
+        """Handoffs the replicas ready at their last probe hold together (0: none was ready); no probe."""
+        return sum(
+            c.capacity.max_outstanding
+            for r in self.replicas.values()
+            if not r.retired and r.peer.last.ready and (c := r.peer.last.capabilities) is not None
+        )
+
     def forget(self) -> None:
         for replica in self.replicas.values():
             replica.peer.forget()

@@ -18,6 +18,7 @@ from ar_service.metrics import ArMetrics
 from ar_service.prompt_builder import PromptBuilder
 from ar_service.readiness import ArReadiness
 from services.fatal import Fatal
+from services.heap import freeze_startup_heap
 
 log = logging.getLogger("ardit.ar.engine_watch")
 
@@ -38,6 +39,7 @@ async def run_engine(
         log.exception("AR engine failed to start")
         _failed(readiness, fatal, f"failed to start ({type(exc).__name__}: {exc})")
         return
+    freeze_startup_heap()
     readiness.engine_ready = True
     log.info("AR engine ready (block size %d)", engine.block_size)
     await engine.died()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import gc
 import json
 import math
 import os
@@ -155,6 +156,48 @@ def metric(url: str, name: str) -> float:
     raise LookupError(name)
 
 
+def request(seed: int, size: str, steps: int) -> bytes:
+    """One image request as raw HTTP/1.1."""
+    body = {"prompt": f"a red square number {seed % 8}", "size": size, "seed": seed, "num_inference_steps": steps}
+    data = json.dumps(body).encode()
+    head = (
+        "POST /v1/images/generations HTTP/1.1\r\nHost: ar\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n"
+    )
+    return head.encode() + data
+
+
+async def burst_at_once(ar_url: str, requests: list[bytes]) -> list[tuple[int, float]]:
+    """``requests`` (raw HTTP/1.1, written in advance) sent all at once, each on a connection opened and
+    accepted in advance; each answer's status and seconds (request written → status line read).
+
+    The client does next to nothing per request, so a latency is the server's: an httpx client's own
+    few ms per request, one process opening hundreds of connections one after another, or this
+    process's own garbage collections (one full collection of a heap holding torch stops it for about
+    half a second) would add up over a burst and be measured instead."""
+    host, port = ar_url.removeprefix("http://").split(":")
+
+    async def one(connection: tuple[asyncio.StreamReader, asyncio.StreamWriter], raw: bytes) -> tuple[int, float]:
+        reader, writer = connection
+        started = time.monotonic()
+        writer.write(raw)
+        status = int((await reader.readline()).split()[1])
+        seconds = time.monotonic() - started
+        answer = await reader.read()
+        writer.close()
+        if status == 429:
+            assert b"retry-after: " in answer.lower(), "a refusal says when to retry"
+        return status, seconds
+
+    connections = await asyncio.gather(*(asyncio.open_connection(host, int(port)) for _ in requests))
+    await asyncio.sleep(0.5)  # accepted by the server: the burst is the requests, not the handshakes
+    gc.disable()
+    try:
+        return await asyncio.gather(*(one(c, raw) for c, raw in zip(connections, requests, strict=True)))
+    finally:
+        gc.enable()
+
+
 async def over_capacity(ar_url: str, dit_url: str, over: float, size: str, steps: int) -> dict:
     """A burst of ``over`` x what the pair can serve within its maximum wait, all at once."""
     defaults = ArSettings()
@@ -163,36 +206,8 @@ async def over_capacity(ar_url: str, dit_url: str, over: float, size: str, steps
     pace = metric(ar_url, "ardit_ar_admission_pace_seconds")
     servable = capacity + min(defaults.max_queued_requests, math.floor(defaults.max_queue_wait_seconds / pace))
     burst = math.ceil(over * servable)
-    host, port = ar_url.removeprefix("http://").split(":")
-
-    def request(seed: int) -> bytes:
-        body = {"prompt": f"a red square number {seed % 8}", "size": size, "seed": seed, "num_inference_steps": steps}
-        data = json.dumps(body).encode()
-        head = (
-            "POST /v1/images/generations HTTP/1.1\r\nHost: ar\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n"
-        )
-        return head.encode() + data
-
-    # Raw HTTP/1.1 written in advance on connections opened in advance, then all sent at once: the client
-    # does next to nothing per request, so a latency (request written → status line read) is the server's.
-    # (An httpx client's own few ms per request, or one process opening hundreds of connections one
-    # after another, would add up over a burst and be measured instead.)
-    async def one(connection: tuple[asyncio.StreamReader, asyncio.StreamWriter], raw: bytes) -> tuple[int, float]:
-        reader, writer = connection
-        started = time.monotonic()
-        writer.write(raw)
-        status = int((await reader.readline()).split()[1])
-        seconds = time.monotonic() - started
-        await reader.read()
-        writer.close()
-        return status, seconds
-
-    requests = [request(10_000 + i) for i in range(burst)]
-    connections = await asyncio.gather(*(asyncio.open_connection(host, int(port)) for _ in requests))
-    started = time.monotonic()
-    results = await asyncio.gather(*(one(c, raw) for c, raw in zip(connections, requests, strict=True)))
-    wall = time.monotonic() - started
+    results = await burst_at_once(ar_url, [request(10_000 + i, size, steps) for i in range(burst)])
+    wall = max(seconds for _, seconds in results)  # until the burst's last answer
     by_status: dict[str, list[float]] = {}
     for status, seconds in results:
         by_status.setdefault(str(status), []).append(seconds)

@@ -1,6 +1,6 @@
 """The DiT service: receives streamed AR hidden states, renders images with diffusers.
 
-Read it in the order a handoff travels (docs/reading-order.md): ``handoff_endpoint.py`` →
+Read it in the order a handoff travels (README.md, "How a request flows"): ``handoff_endpoint.py`` →
 ``handoff_intake.py`` (``shared/handoff_assembler.py``) → ``conditioning.py`` →
 ``result_stream.py`` → ``render_scheduler.py`` → ``renderer.py`` → ``vae_codec.py`` →
 ``image_encoder.py``. ``app.py`` composes them.

@@ -23,6 +23,7 @@ from dit_service.renderer import Renderer
 from services.app import Readiness
 from services.errors import ApiError
 from services.fatal import Fatal
+from services.heap import freeze_startup_heap
 from shared.diffusion import DiffusionParams
 
 log = logging.getLogger("ardit.dit.model_state")
@@ -72,6 +73,7 @@ class ModelState(Generic[Loaded]):
             self._fatal.trigger(f"DiT model load failed ({type(exc).__name__}: {exc})")
             return
         self._loaded = loaded
+        freeze_startup_heap()
         self._readiness = Readiness(True, "ready", self._announce(loaded))
         log.info("model ready")
 

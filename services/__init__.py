@@ -9,8 +9,9 @@ the services themselves live in those two packages. Here:
   deadline).
 - ``app_metrics``, ``metrics``, ``tracing``, ``request_context``: what every response is counted and
   traced by, and the request id on every log line.
-- ``fatal``, ``serve``, ``slow_readers``: a service that can no longer serve exits; uvicorn under it,
-  with clients that stop reading cut off after a send timeout.
+- ``fatal``, ``serve``, ``slow_readers``, ``heap``: a service that can no longer serve exits; uvicorn
+  under it, with clients that stop reading cut off after a send timeout; the start-up heap frozen
+  once ready, so full garbage collections do not stop the event loop for half a second.
 - ``launcher``, ``lifetime``: ``make run``'s supervisor of the pair on one machine; processes that die
   with their parent.
 - ``checkpoints``: the local checkpoints' names and where they live.

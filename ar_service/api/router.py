@@ -30,6 +30,10 @@ from ar_service.api.protocol import (
 from ar_service.api.serving import ImageEvents, ImagesAnswer, ImageServing, StreamError
 from services.errors import ApiError, error_responses
 
+GENERATIONS = "/v1/images/generations"
+EDITS = "/v1/images/edits"
+# The routes that make images: admitted at arrival (``admission_door``).
+IMAGE_ROUTES = (GENERATIONS, EDITS)
 # Every route is behind the RequestGate: a missing key, a too-large or too-slow body.
 _GATE = (401, 408, 413)
 _IMAGE_TYPES = {
@@ -87,12 +91,12 @@ def build_router(serving: ImageServing, sse_keepalive_seconds: float) -> APIRout
         completion's: a prefix-aware router hashes exactly what this AR will cache."""
         return serving.rendered_prompt(body, request.state.request_id)
 
-    @router.post("/v1/images/generations", response_model=None, responses=_IMAGES_RESPONSES)
+    @router.post(GENERATIONS, response_model=None, responses=_IMAGES_RESPONSES)
     async def generate(body: ImageGenerationRequest, request: Request) -> Response:
         return answer(await serving.create_images(body, request))
 
     @router.post(
-        "/v1/images/edits",
+        EDITS,
         response_model=None,
         responses=_IMAGES_RESPONSES,
         openapi_extra={"requestBody": _edit_form_schema()},

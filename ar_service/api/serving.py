@@ -1,8 +1,9 @@
 """Serving the public API: one call owns an image request, from the body to the answer.
 
-``ImageServing.create_images`` (and ``create_edit``) runs a request's hops in order: the DiTs'
-readiness and announcement → ``validation`` (everything a request can be refused for without a
-model, token counts included) → admission (a slot, or 429 at once) → the generation
+``ImageServing.create_images`` (and ``create_edit``) runs a request's hops in order, from the
+admission place the request took at arrival (``admission_door``: a slot, a place in line, or 429
+at once): the DiTs' readiness and announcement → ``validation`` (everything a request can be
+refused for without a model, token counts included) → its turn in line → the generation
 (``ImageGenerator``) → the answer: an ``ImagesAnswer`` (JSON), or an ``ImageEvents`` stream of
 previews and completed images. The route only maps that to HTTP (vLLM's entrypoints shape).
 Failures from below become OpenAI-shaped errors through one table (``FAILURES``), in the style of
@@ -25,7 +26,8 @@ from typing import Any, TypeVar
 
 from fastapi import Request
 
-from ar_service.admission import AdmissionTicket, RequestAdmission
+from ar_service.admission import AdmissionPlace, AdmissionTicket, RequestAdmission
+from ar_service.api.admission_door import take_place
 from ar_service.api.edit_form import read_edit_form
 from ar_service.api.protocol import (
     CompletedEvent,
@@ -134,27 +136,35 @@ class ImageServing:
 
     async def create_images(self, body: ImageGenerationRequest, raw_request: Request) -> ImagesAnswer | ImageEvents:
         received_at = time.perf_counter()
-        dit, capacity = await self.readiness.require()
-        valid = self.validator.generation(body, raw_request.state.request_id, received_at, dit)
-        return await self._serve(valid, capacity, raw_request)
+        with _left_on_failure(take_place(raw_request)) as place:
+            dit, capacity = await self.readiness.require()
+            valid = self.validator.generation(body, raw_request.state.request_id, received_at, dit)
+        return await self._serve(valid, place, capacity, raw_request)
 
     async def create_edit(self, raw_request: Request) -> ImagesAnswer | ImageEvents:
-        valid, capacity = await self._valid_edit(raw_request)
-        return await self._serve(valid, capacity, raw_request)
-
-    async def _valid_edit(self, raw_request: Request) -> tuple[ValidGeneration, int]:
-        """The edit checked and decoded; its uploaded files (up to the edit body cap) are not kept past here."""
         received_at = time.perf_counter()
+        with _left_on_failure(take_place(raw_request)) as place:
+            valid, capacity = await self._valid_edit(raw_request, received_at)
+        return await self._serve(valid, place, capacity, raw_request)
+
+    async def _valid_edit(self, raw_request: Request, received_at: float) -> tuple[ValidGeneration, int]:
+        """The edit checked and decoded; its uploaded files (up to the edit body cap) are not kept past here."""
         form = await read_edit_form(raw_request)
         dit, capacity = await self.readiness.require()
         return await self.validator.edit(form, raw_request.state.request_id, received_at, dit), capacity
 
-    async def _serve(self, valid: ValidGeneration, capacity: int, raw_request: Request) -> ImagesAnswer | ImageEvents:
-        # Every refusal known before any work is an HTTP status, in stream mode too: 404 / 503 /
-        # 400 (validation), then 429 from admission (decided at arrival; an admitted request may wait its turn).
+    async def _serve(
+        self, valid: ValidGeneration, place: AdmissionPlace | None, capacity: int, raw_request: Request
+    ) -> ImagesAnswer | ImageEvents:
+        # Every refusal known before any work is an HTTP status, in stream mode too: 429 at the door
+        # (admission decides at arrival), then 404 / 503 / 400 (validation); an admitted request may wait its turn.
         try:
-            ticket = await cancel_on_disconnect(raw_request, self.admission.admit(capacity))
+            place = place or self.admission.enter(capacity)  # the door let it through before the pair was ready
+            turn = place.turn()
+            ticket = await (turn if place.started else cancel_on_disconnect(raw_request, turn))
         except BaseException:
+            if place is not None:
+                place.leave()
             valid.release()
             raise
         if valid.response.stream:
@@ -308,6 +318,17 @@ class ImageServing:
         if image is None:
             raise ApiError(404, "image not found or expired", code="not_found", param="name")
         return image
+
+
+@contextmanager
+def _left_on_failure(place: AdmissionPlace | None) -> Iterator[AdmissionPlace | None]:
+    """A request refused before it is served gives its admission place back."""
+    try:
+        yield place
+    except BaseException:
+        if place is not None:
+            place.leave()
+        raise
 
 
 def _over(

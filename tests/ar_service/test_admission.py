@@ -19,7 +19,7 @@ def admission(max_queued: int = 4, max_wait: float = 5.0) -> RequestAdmission:
 
 async def serve_one(gate: RequestAdmission, seconds: float, capacity: int = 1) -> None:
     """One request through the gate, taking ``seconds``: the pace is measured from then on."""
-    ticket = await gate.admit(capacity=capacity)
+    ticket = await gate.enter(capacity=capacity).turn()
     await asyncio.sleep(seconds)
     ticket.release(served=True)
 
@@ -28,11 +28,11 @@ def test_requests_beyond_the_capacity_wait_and_start_in_arrival_order():
     async def scenario():
         gate = admission()
         await serve_one(gate, 0.01)
-        first = await gate.admit(capacity=1)
+        first = await gate.enter(capacity=1).turn()
         order = []
 
         async def wait_then_record(name: str):
-            ticket = await gate.admit(capacity=1)
+            ticket = await gate.enter(capacity=1).turn()
             order.append(name)
             await asyncio.sleep(0.01)
             ticket.release(served=True)
@@ -50,11 +50,11 @@ def test_requests_beyond_the_capacity_wait_and_start_in_arrival_order():
 def test_a_full_queue_is_refused_at_once_with_retry_after():
     async def scenario():
         gate = admission(max_queued=1)
-        held = await gate.admit(capacity=1)
-        waiting = asyncio.create_task(gate.admit(capacity=1))
+        held = await gate.enter(capacity=1).turn()
+        waiting = asyncio.create_task(gate.enter(capacity=1).turn())
         await asyncio.sleep(0)
         with pytest.raises(Overloaded) as refused:
-            await gate.admit(capacity=1)
+            await gate.enter(capacity=1).turn()
         held.release(served=True)
         (await waiting).release(served=True)
         return refused.value
@@ -67,11 +67,11 @@ def test_a_wait_longer_than_allowed_at_the_observed_rate_is_refused_before_queue
     async def scenario():
         gate = admission(max_queued=100, max_wait=1.0)
         await serve_one(gate, 0.3)  # the pair serves one request per ~0.3 s
-        held = await gate.admit(capacity=1)
-        queued = [asyncio.create_task(gate.admit(capacity=1)) for _ in range(3)]  # ~0.9 s of waiting
+        held = await gate.enter(capacity=1).turn()
+        queued = [asyncio.create_task(gate.enter(capacity=1).turn()) for _ in range(3)]  # ~0.9 s of waiting
         await asyncio.sleep(0)
         with pytest.raises(Overloaded) as refused:
-            await gate.admit(capacity=1)  # the fourth would wait ~1.2 s > 1 s
+            await gate.enter(capacity=1).turn()  # the fourth would wait ~1.2 s > 1 s
         held.release(served=True)
         for task in queued:
             (await task).release(served=True)
@@ -85,8 +85,8 @@ def test_an_admitted_request_is_served_even_when_its_wait_runs_past_the_estimate
     async def scenario():
         gate = admission(max_wait=0.2)
         await serve_one(gate, 0.05)
-        held = await gate.admit(capacity=1)
-        waiting = asyncio.create_task(gate.admit(capacity=1))  # estimated 0.05 s: admitted to the line
+        held = await gate.enter(capacity=1).turn()
+        waiting = asyncio.create_task(gate.enter(capacity=1).turn())  # estimated 0.05 s: admitted to the line
         await asyncio.sleep(0.5)  # the one in flight takes ten times longer than the pace said
         assert not waiting.done()  # still in line, not refused after the fact
         held.release(served=True)
@@ -99,11 +99,11 @@ def test_an_admitted_request_is_served_even_when_its_wait_runs_past_the_estimate
 def test_before_any_completion_one_round_may_wait_and_the_rest_is_refused_at_once():
     async def scenario():
         gate = admission(max_queued=100)
-        held = [await gate.admit(capacity=2) for _ in range(2)]
-        line = [asyncio.create_task(gate.admit(capacity=2)) for _ in range(2)]
+        held = [await gate.enter(capacity=2).turn() for _ in range(2)]
+        line = [asyncio.create_task(gate.enter(capacity=2).turn()) for _ in range(2)]
         await asyncio.sleep(0)
         with pytest.raises(Overloaded, match="not measured yet") as refused:
-            await gate.admit(capacity=2)
+            await gate.enter(capacity=2).turn()
         for ticket in held:
             ticket.release(served=True)
         for task in line:
@@ -119,15 +119,15 @@ def test_the_pace_is_the_time_between_completions_not_a_service_time_divided_by_
 
     async def scenario():
         gate = admission(max_queued=100, max_wait=0.45)
-        tickets = [await gate.admit(capacity=5) for _ in range(5)]
+        tickets = [await gate.enter(capacity=5).turn() for _ in range(5)]
         for ticket in tickets:
             await asyncio.sleep(0.1)
             ticket.release(served=True)
-        held = [await gate.admit(capacity=5) for _ in range(5)]
-        line = [asyncio.create_task(gate.admit(capacity=5)) for _ in range(4)]  # 0.1 .. 0.4 s
+        held = [await gate.enter(capacity=5).turn() for _ in range(5)]
+        line = [asyncio.create_task(gate.enter(capacity=5).turn()) for _ in range(4)]  # 0.1 .. 0.4 s
         await asyncio.sleep(0)
         with pytest.raises(Overloaded, match="would be about"):
-            await gate.admit(capacity=5)  # 0.5 s
+            await gate.enter(capacity=5).turn()  # 0.5 s
         for ticket in held:
             ticket.release(served=True)
         for task in line:
@@ -143,8 +143,8 @@ def test_the_last_requests_of_a_burst_finishing_together_do_not_make_the_pace_lo
 
     async def scenario():
         gate = admission(max_queued=100)
-        tickets = [await gate.admit(capacity=4) for _ in range(4)]
-        line = [asyncio.create_task(gate.admit(capacity=4)) for _ in range(3)]
+        tickets = [await gate.enter(capacity=4).turn() for _ in range(4)]
+        line = [asyncio.create_task(gate.enter(capacity=4).turn()) for _ in range(3)]
         await asyncio.sleep(0)
         for _ in range(3):
             await asyncio.sleep(0.1)
@@ -162,7 +162,7 @@ def test_requests_that_fail_or_are_abandoned_do_not_make_the_pace_look_faster():
         gate = admission()
         await serve_one(gate, 0.2)
         for _ in range(10):  # quick failures: 400s from the DiT, clients that left
-            (await gate.admit(capacity=1)).release(served=False)
+            (await gate.enter(capacity=1).turn()).release(served=False)
         return gate.pace
 
     assert asyncio.run(scenario()) == pytest.approx(0.2, abs=0.05)
@@ -172,9 +172,9 @@ def test_a_waiter_that_gives_up_passes_its_turn_on():
     async def scenario():
         gate = admission()
         await serve_one(gate, 0.01)
-        held = await gate.admit(capacity=1)
-        leaving = asyncio.create_task(gate.admit(capacity=1))
-        staying = asyncio.create_task(gate.admit(capacity=1))
+        held = await gate.enter(capacity=1).turn()
+        leaving = asyncio.create_task(gate.enter(capacity=1).turn())
+        staying = asyncio.create_task(gate.enter(capacity=1).turn())
         await asyncio.sleep(0)
         leaving.cancel()  # the client went away while queued
         held.release(served=True)
@@ -189,13 +189,29 @@ def test_a_waiter_that_gives_up_passes_its_turn_on():
 def test_capacity_follows_what_the_dit_announces():
     async def scenario():
         gate = admission()
-        tickets = [await gate.admit(capacity=3) for _ in range(3)]
-        blocked = asyncio.create_task(gate.admit(capacity=3))
+        tickets = [await gate.enter(capacity=3).turn() for _ in range(3)]
+        blocked = asyncio.create_task(gate.enter(capacity=3).turn())
         await asyncio.sleep(0.01)
         assert not blocked.done()
         for ticket in tickets:
             ticket.release(served=True)
         (await blocked).release(served=True)
+        return gate.in_flight
+
+    assert asyncio.run(scenario()) == 0
+
+
+def test_a_place_given_up_before_its_turn_lets_the_line_move_on():
+    async def scenario():
+        gate = admission()
+        await serve_one(gate, 0.01)
+        held = await gate.enter(capacity=1).turn()
+        invalid, next_in_line = gate.enter(capacity=1), gate.enter(capacity=1)
+        held.release(served=True)  # the slot goes to `invalid` while it is being validated...
+        assert invalid.started
+        invalid.leave()  # ...which is refused (a 400): the slot passes on
+        assert next_in_line.started
+        (await next_in_line.turn()).release(served=True)
         return gate.in_flight
 
     assert asyncio.run(scenario()) == 0

@@ -75,3 +75,43 @@ def test_after_a_failed_request_the_next_one_probes_again():
 
     asyncio.run(scenario())
     assert len(calls) == 2
+
+
+def test_callers_that_arrive_together_share_one_probe():
+    calls = []
+
+    async def handler(request):
+        calls.append(request)
+        await asyncio.sleep(0.05)
+        return ready(DIT.model_dump(mode="json"))
+
+    async def burst():
+        peer = peer_answering(handler)
+        return await asyncio.gather(*(peer.state() for _ in range(200)))
+
+    states = asyncio.run(burst())
+    assert len(calls) == 1 and all(state.ready for state in states)
+
+
+def test_a_stale_state_is_answered_at_once_while_one_probe_refreshes_it(monkeypatch):
+    answers = iter([ready(DIT.model_dump(mode="json")), httpx.Response(503, json={"status": "not_ready"})])
+    release = asyncio.Event()
+
+    async def handler(_):
+        answer = next(answers)
+        if answer.status_code == 503:
+            await release.wait()
+        return answer
+
+    async def scenario():
+        peer = peer_answering(handler)
+        assert (await peer.state()).ready
+        monkeypatch.setattr("ar_service.dit_peer.RECHECK_SECONDS", 0.0)
+        # The refresh is under way and stuck at the DiT; requests still get the last state, at once.
+        states = await asyncio.wait_for(asyncio.gather(*(peer.state() for _ in range(50))), timeout=1)
+        assert all(state.ready for state in states)
+        release.set()
+        await asyncio.sleep(0.01)
+        return peer.last
+
+    assert not asyncio.run(scenario()).ready

@@ -41,7 +41,11 @@ def stream(client: OpenAI) -> list:
 def hold_every_slot(stack: Stack) -> list[AdmissionTicket]:
     """Take every place the pair has, as requests in flight would."""
     _, capacity = stack.ar.call(stack.runtime.readiness.require())
-    return [stack.ar.call(stack.runtime.admission.admit(capacity)) for _ in range(capacity)]
+
+    async def slot() -> AdmissionTicket:
+        return await stack.runtime.admission.enter(capacity).turn()
+
+    return [stack.ar.call(slot()) for _ in range(capacity)]
 
 
 def release(stack: Stack, tickets: list[AdmissionTicket]) -> None:
