@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
-import gc
 import json
 import math
 import os
@@ -36,6 +35,7 @@ from pathlib import Path
 
 import httpx
 import paired
+from burst_client import burst_at_once, request
 
 paired.use_this_checkout()
 
@@ -154,48 +154,6 @@ def metric(url: str, name: str) -> float:
         if line.startswith(name + " "):
             return float(line.split()[1])
     raise LookupError(name)
-
-
-def request(seed: int, size: str, steps: int) -> bytes:
-    """One image request as raw HTTP/1.1."""
-    body = {"prompt": f"a red square number {seed % 8}", "size": size, "seed": seed, "num_inference_steps": steps}
-    data = json.dumps(body).encode()
-    head = (
-        "POST /v1/images/generations HTTP/1.1\r\nHost: ar\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n"
-    )
-    return head.encode() + data
-
-
-async def burst_at_once(ar_url: str, requests: list[bytes]) -> list[tuple[int, float]]:
-    """``requests`` (raw HTTP/1.1, written in advance) sent all at once, each on a connection opened and
-    accepted in advance; each answer's status and seconds (request written → status line read).
-
-    The client does next to nothing per request, so a latency is the server's: an httpx client's own
-    few ms per request, one process opening hundreds of connections one after another, or this
-    process's own garbage collections (one full collection of a heap holding torch stops it for about
-    half a second) would add up over a burst and be measured instead."""
-    host, port = ar_url.removeprefix("http://").split(":")
-
-    async def one(connection: tuple[asyncio.StreamReader, asyncio.StreamWriter], raw: bytes) -> tuple[int, float]:
-        reader, writer = connection
-        started = time.monotonic()
-        writer.write(raw)
-        status = int((await reader.readline()).split()[1])
-        seconds = time.monotonic() - started
-        answer = await reader.read()
-        writer.close()
-        if status == 429:
-            assert b"retry-after: " in answer.lower(), "a refusal says when to retry"
-        return status, seconds
-
-    connections = await asyncio.gather(*(asyncio.open_connection(host, int(port)) for _ in requests))
-    await asyncio.sleep(0.5)  # accepted by the server: the burst is the requests, not the handshakes
-    gc.disable()
-    try:
-        return await asyncio.gather(*(one(c, raw) for c, raw in zip(connections, requests, strict=True)))
-    finally:
-        gc.enable()
 
 
 async def over_capacity(ar_url: str, dit_url: str, over: float, size: str, steps: int) -> dict:

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from ar_service.settings import ArSettings
-from benchmarks.load import burst_at_once, request
+from benchmarks.burst_client import burst_at_once, request
 from shared.capabilities import DitCapabilities
 from tests.conftest import API_KEY, PLUMBING_DIT_MODEL_DIR
 from tests.e2e.metrics_text import sample
@@ -81,7 +81,7 @@ def servable(pair: Pair) -> tuple[int, float]:
 
 
 def burst(pair: Pair, count: int) -> list[tuple[int, float]]:
-    """``count`` requests at once (benchmarks/load.py's client): each answer's status and seconds."""
+    """``count`` requests at once (the load benchmark's client): each answer's status and seconds."""
     requests = [request(seed, "64x64", steps=2) for seed in range(count)]
     return asyncio.run(burst_at_once(pair.ar_url, requests))
 
