@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from ar_service.input_images import EditPixels, OutputSize, decode_edit, read_upload
-from services.errors import ApiError
+from ar_service.input_images import EditMemory, EditPixels, OutputSize, decode_edit, read_upload
+from services.errors import ApiError, Overloaded
 
 AUTO = OutputSize(requested=None, multiple=16, max_pixels=256 * 256)
 CAP = 4096 * 4096
@@ -168,3 +168,16 @@ def test_any_damaged_upload_is_a_400_or_an_image_never_a_crash(cut, flips):
         assert error.status == 400 and error.param == "image"
     else:
         assert len(pixels.image) == pixels.width * pixels.height * 3
+
+
+def test_edits_in_hand_are_bounded_in_bytes_and_one_byte_past_the_bound_is_a_429():
+    memory = EditMemory(max_bytes=1000)
+    first = memory.hold(600)
+    with pytest.raises(Overloaded) as refused:
+        memory.hold(401)
+    assert refused.value.status == 429
+    second = memory.hold(400)  # exactly the bound fits
+    first.release()
+    first.release()  # idempotent
+    second.release()
+    assert memory.held == 0

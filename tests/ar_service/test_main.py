@@ -1,5 +1,5 @@
 """``python -m ar_service`` in a subprocess: an engine that cannot start makes the process exit; an AR
-killed outright takes its vLLM processes with it."""
+killed outright takes its vLLM processes with it; one asked to stop exits 0 without a traceback."""
 
 from __future__ import annotations
 
@@ -48,13 +48,21 @@ class _Ar:
             [sys.executable, "-m", "ar_service"], cwd=REPO, env=env, stderr=subprocess.PIPE, text=True
         )
         self.engine_ready = threading.Event()
-        threading.Thread(target=self._read_log, daemon=True).start()
+        self.log: list[str] = []
+        self._reader = threading.Thread(target=self._read_log, daemon=True)
+        self._reader.start()
 
     def _read_log(self) -> None:
         assert self.process.stderr is not None
         for line in self.process.stderr:
+            self.log.append(line)
             if "AR engine ready" in line:
                 self.engine_ready.set()
+
+    def full_log(self) -> str:
+        """Everything it logged, once it has exited."""
+        self._reader.join(timeout=30)
+        return "".join(self.log)
 
     def engine_processes(self, timeout: float) -> list[psutil.Process]:
         """Its descendants once vLLM's EngineCore and worker run (named ``VLLM::...``)."""
@@ -89,6 +97,12 @@ def test_an_ar_that_dies_by_a_signal_leaves_no_vllm_process(sig, when, within):
         while _living(descendants) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not _living(descendants), [process.name() for process in _living(descendants)]
+        if sig == signal.SIGTERM:
+            # A normal stop: a graceful shutdown, and nothing in the log that looks like a failure. (uvicorn
+            # re-raises the SIGTERM it caught once it has shut down, so the status is the signal's.)
+            log = ar.full_log()
+            assert ar.process.returncode == -signal.SIGTERM and "Application shutdown complete" in log, log[-3000:]
+            assert "Traceback" not in log and " ERROR " not in log, log[-3000:]
     finally:
         ar.process.kill()
         ar.process.wait()

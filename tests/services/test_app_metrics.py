@@ -9,26 +9,17 @@ import pytest
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
-from pydantic import BaseModel
 
 from services.app import Readiness, create_app
 from services.app_metrics import AppMetrics
 from services.auth import BearerAuth
 from services.errors import ApiError
 from services.fatal import Fatal
-
-
-class Body(BaseModel):
-    n: int
-
-
-async def ready() -> Readiness:
-    return Readiness(True, "ready")
+from tests.support.bare_app import Body, bare_app
 
 
 def build_app() -> tuple[FastAPI, CollectorRegistry]:
-    registry = CollectorRegistry()
-    app = create_app("test", lifespan=None, readiness=ready, app_metrics=AppMetrics(registry, "t"), fatal=Fatal())
+    app, registry = bare_app()
     keys = BearerAuth(["k"], what="API key", missing_code="missing_api_key", invalid_code="invalid_api_key")
 
     def check(request: Request) -> None:

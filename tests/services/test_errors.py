@@ -12,25 +12,13 @@ from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
-from pydantic import BaseModel
 
-from services.app import Readiness, create_app
-from services.app_metrics import AppMetrics
-from services.fatal import Fatal
+from tests.support.bare_app import Body, bare_app
 from tests.support.live_server import LiveServer
 
 
-class Body(BaseModel):
-    n: int
-
-
-async def ready() -> Readiness:
-    return Readiness(True, "ready")
-
-
 def build_app() -> tuple[FastAPI, CollectorRegistry]:
-    registry = CollectorRegistry()
-    app = create_app("test", lifespan=None, readiness=ready, app_metrics=AppMetrics(registry, "t"), fatal=Fatal())
+    app, registry = bare_app()
 
     @app.post("/v1/things")
     async def make(body: Body) -> dict[str, int]:

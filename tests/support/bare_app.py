@@ -1,0 +1,28 @@
+"""An app made by ``services.app.create_app`` with no routes of its own yet, always ready: what the
+tests of the shared app layer (errors, metrics) add their routes to."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from prometheus_client import CollectorRegistry
+from pydantic import BaseModel
+
+from services.app import Readiness, create_app
+from services.app_metrics import AppMetrics
+from services.fatal import Fatal
+
+
+class Body(BaseModel):
+    n: int
+
+
+async def ready() -> Readiness:
+    return Readiness(True, "ready")
+
+
+def bare_app() -> tuple[FastAPI, CollectorRegistry]:
+    """The app, and the registry its metrics (prefix ``ardit_t_``) go to."""
+    registry = CollectorRegistry()
+    return create_app(
+        "test", lifespan=None, readiness=ready, app_metrics=AppMetrics(registry, "t"), fatal=Fatal()
+    ), registry
