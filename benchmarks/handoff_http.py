@@ -290,9 +290,7 @@ def main() -> None:
         serve_receiver(http_port, raw_port, raw_bytes=ROWS * HIDDEN * 2)
         return
     torch.set_num_threads(1)
-    from tests.support.ports import free_port
-
-    http_port, raw_port = free_port(), free_port()
+    http_port, raw_port = paired.free_port(), paired.free_port()
     receiver = subprocess.Popen(
         [sys.executable, __file__, "--receiver", str(http_port), str(raw_port)],
     )
