@@ -19,7 +19,7 @@ def main() -> int:
     configure_tracing("dit")
     if settings.torch_threads is not None:
         torch.set_num_threads(settings.torch_threads)
-    return serve(create_dit_app(settings), settings.host, settings.port)
+    return serve(create_dit_app(settings), settings.host, [settings.port])
 
 
 if __name__ == "__main__":

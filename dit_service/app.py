@@ -12,6 +12,7 @@ import functools
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
+from starlette.types import Scope
 
 from dit_service.admission import AdmissionControl
 from dit_service.handoff_endpoint import HANDOFF_PATH, HandoffEndpoint
@@ -23,8 +24,10 @@ from dit_service.model_state import ModelState
 from dit_service.settings import DitSettings
 from services.app import create_app
 from services.auth import BearerAuth
+from services.drain import Drain
 from services.fatal import Fatal
 from services.metrics import new_registry
+from shared.result_frames import RESERVATION_HEADER, RESERVATIONS_PATH
 from shared.row_buffer_pool import RowBufferPool
 
 
@@ -58,6 +61,9 @@ def create_dit_app(settings: DitSettings) -> FastAPI:
         lifespan=lifespan,
         readiness=state.readiness,
         fatal=fatal,
+        # Draining, the DiT stops once no place is held: what an AR reserved still arrives and renders.
+        drain=Drain(settings.drain_seconds, holding=lambda: admission.taken > 0),
+        admitted_while_draining=_holds_a_place,
         app_metrics=metrics.app,
         untraced_paths=(HANDOFF_PATH,),
     )
@@ -72,6 +78,13 @@ def create_dit_app(settings: DitSettings) -> FastAPI:
     )
     HandoffEndpoint(handoff_auth(settings), admission, intake, state.require, metrics).mount(app)
     return app
+
+
+def _holds_a_place(scope: Scope) -> bool:
+    """While draining: a handoff that names its reservation comes in, and so does giving a place back."""
+    if scope["method"] == "DELETE":
+        return str(scope["path"]).startswith(RESERVATIONS_PATH + "/")
+    return scope["path"] == HANDOFF_PATH and any(name == RESERVATION_HEADER.encode() for name, _ in scope["headers"])
 
 
 def _announcement(served: HandoffServices) -> dict[str, object]:

@@ -39,6 +39,11 @@ class DitSettings(BaseSettings):
     # --- HTTP ----------------------------------------------------------------------------------
     host: str = Field("127.0.0.1", description="Bind address.")
     port: Port = Field(8001, description="Bind port.")
+    drain_seconds: Seconds = Field(
+        150.0,
+        description="On SIGTERM, how long reserved and running handoffs may finish (new reservations get 503) "
+        "before the service stops.",
+    )
     handoff_token: HandoffToken = None
     log_level: LogLevel = "INFO"
 

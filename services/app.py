@@ -3,12 +3,13 @@
 Each service passes a readiness probe (model loaded and warmed, peer reachable) and its routers;
 everything an operator relies on behaves the same on both: every response is counted by route,
 method and status, every error body by its code, readiness is exported at each scrape
-(``AppMetrics``), and every request but the probes and ``untraced_paths`` gets a server span
+(``AppMetrics``), and every request but the probes and what ``untraced_paths`` match gets a server span
 (``services.tracing``).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from services.app_metrics import AppMetrics
+from services.drain import Drain
 from services.errors import ErrorBody, install_error_handlers
 from services.fatal import Fatal
 from services.last_resort import LastResort
@@ -49,6 +51,9 @@ class Readiness:
 # Must be cheap: probes call it every few seconds.
 ReadinessProbe = Callable[[], Awaitable[Readiness]]
 
+# What orchestrators, gateways and Prometheus call: open without a key, never refused while draining.
+PROBE_PATHS = ("/healthz", "/health", "/readyz", "/metrics")
+
 
 def create_app(
     title: str,
@@ -57,22 +62,40 @@ def create_app(
     readiness: ReadinessProbe,
     app_metrics: AppMetrics,
     fatal: Fatal,
-    untraced_paths: Iterable[str] = (),
+    drain: Drain,
+    admitted_while_draining: Callable[[Scope], bool] = lambda scope: False,
+    untraced_paths: Iterable[str] = (),  # regular expressions, each matching a whole path
     gate: Callable[[ASGIApp], ASGIApp] | None = None,
     slow_readers: SlowReaders | None = None,
 ) -> FastAPI:
-    """``gate`` wraps the app inside the request-id layer (so its refusals carry the id too);
-    ``fatal`` and ``slow_readers`` go on ``app.state``, where ``services.serve`` finds them."""
+    """``gate`` wraps the app inside the request-id layer (so its refusals carry the id too), and
+    ``drain``'s gate wraps that (``admitted_while_draining``: what must still come in while draining);
+    ``fatal``, ``drain`` and ``slow_readers`` go on ``app.state``, where ``services.serve`` finds them."""
     app = FastAPI(title=title, lifespan=lifespan)
     app.state.fatal = fatal
+    app.state.drain = drain
     app.state.slow_readers = slow_readers
     install_error_handlers(app, app_metrics.count_error)
     if gate is not None:
         app.add_middleware(_Wrapped, wrap=gate)
     app.add_middleware(LastResort, on_error=app_metrics.count_error)
+    app.add_middleware(
+        _Wrapped,
+        wrap=lambda inner: drain.gate(
+            inner,
+            always_open=PROBE_PATHS,
+            admitted_while_draining=admitted_while_draining,
+            on_refusal=app_metrics.count_error,
+        ),
+    )
     app.add_middleware(RequestIdMiddleware)
     app_metrics.install(app)
-    instrument_app(app, untraced_paths)
+    instrument_app(app, (*(re.escape(path) for path in PROBE_PATHS), *untraced_paths))
+
+    async def ready() -> Readiness:
+        if drain.started:
+            return Readiness(False, "draining: shutting down, finishing the requests in flight")
+        return await readiness()
 
     @app.get("/healthz", include_in_schema=False)
     @app.get("/health", include_in_schema=False)  # vLLM's name, which routers (vllm-router) call
@@ -81,13 +104,13 @@ def create_app(
 
     @app.get("/readyz", include_in_schema=False)
     async def readyz() -> JSONResponse:
-        state = await readiness()
+        state = await ready()
         body = {"status": "ready" if state.ready else "not_ready", "reason": state.reason, **(state.details or {})}
         return JSONResponse(body, status_code=200 if state.ready else 503)
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:
-        app_metrics.ready.set(int((await readiness()).ready))
+        app_metrics.ready.set(int((await ready()).ready))
         return Response(generate_latest(app_metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     _document_400_not_422(app)

@@ -1,40 +1,78 @@
 """Running a service's app under uvicorn until it stops: 0 when asked to, ``EXIT_CODE`` when fatal.
 
 ``server`` is the one uvicorn configuration every service runs with (the test suite's servers too):
-its HTTP protocol reports stalled readers to the app's ``SlowReaders``, when the app has one.
+its HTTP protocol reports stalled readers to the app's ``SlowReaders``, when the app has one, and a
+SIGTERM drains the app (``services.drain``) before the server stops, then exits 0.
 """
 
 from __future__ import annotations
 
 import contextlib
+import signal
+import socket
+from collections.abc import Sequence
+from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
+from services.drain import Drain
 from services.fatal import EXIT_CODE, Fatal
 from services.slow_readers import SlowReaders
 
+# What uvicorn waits for connections once the server stops (SIGINT; or once drained, when only
+# idle keep-alive connections and last bytes remain).
 GRACEFUL_SHUTDOWN_SECONDS = 10
 
 
-def server(app: FastAPI, host: str, port: int) -> uvicorn.Server:
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server, except that the first SIGTERM drains the app instead of stopping at once."""
+
+    def __init__(self, config: uvicorn.Config, drain: Drain | None) -> None:
+        super().__init__(config)
+        self.drain = drain
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if sig == signal.SIGTERM and self.drain is not None and not self.drain.started:
+            # Not recorded as a captured signal: uvicorn would raise it again once stopped, and the
+            # process would die of it (-15) rather than exit 0 as a process asked to stop should.
+            self.drain.begin()
+            return
+        if sig == signal.SIGTERM:
+            self.should_exit = True  # a second SIGTERM: stop now
+            return
+        super().handle_exit(sig, frame)
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.drain is not None and self.drain.over():
+            self.should_exit = True
+        return await super().on_tick(counter)
+
+
+def server(app: FastAPI, host: str, port: int) -> DrainingServer:
     guard: SlowReaders | None = getattr(app.state, "slow_readers", None)
     http = guard.protocol(AutoHTTPProtocol) if guard is not None else AutoHTTPProtocol
     config = uvicorn.Config(
         app, host=host, port=port, http=http, log_config=None, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS
     )
-    return uvicorn.Server(config)
+    return DrainingServer(config, getattr(app.state, "drain", None))
 
 
-def serve(app: FastAPI, host: str, port: int) -> int:
-    """Serve ``app`` (made by ``services.app.create_app``, which puts its ``Fatal`` on ``app.state``) until it
-    stops; the exit code says why."""
+def serve(app: FastAPI, host: str, ports: Sequence[int]) -> int:
+    """Serve ``app`` (made by ``services.app.create_app``, which puts its ``Fatal`` and ``Drain`` on
+    ``app.state``) on each of ``ports`` until it stops; the exit code says why."""
     fatal: Fatal = app.state.fatal
-    running = server(app, host, port)
+    running = server(app, host, ports[0])
     fatal.on_trigger(lambda: setattr(running, "should_exit", True))
+    sockets = [_bound(host, port) for port in ports]
     # uvicorn re-raises the SIGINT it captured once it has shut down gracefully (uvicorn.run()
     # swallows it the same way): being asked to stop is not an error and needs no traceback.
     with contextlib.suppress(KeyboardInterrupt):
-        running.run()
+        running.run(sockets=sockets)
     return EXIT_CODE if fatal.reason is not None else 0
+
+
+def _bound(host: str, port: int) -> socket.socket:
+    """A listening socket (``create_server`` sets address reuse, as uvicorn does for its own)."""
+    return socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)

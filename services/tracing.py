@@ -24,7 +24,6 @@ shared/HANDOFF_SPEC.md): the contract, not the transport, says which trace a han
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable, Iterable
 from importlib.metadata import entry_points
 
@@ -42,7 +41,6 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from services.app_metrics import HTTP_METHODS
 
-UNTRACED_PATHS = ("/healthz", "/readyz", "/metrics")
 _OTLP_BY_PROTOCOL = {"grpc": "otlp_proto_grpc", "http/protobuf": "otlp_proto_http"}
 _W3C = TraceContextTextMapPropagator()
 SpanDetails = Callable[[Scope], tuple[str, dict[str, str]]]
@@ -122,11 +120,12 @@ def _server_span_details(scope: Scope) -> tuple[str, dict[str, str]]:
 
 
 def instrument_app(app: FastAPI, untraced_paths: Iterable[str] = ()) -> None:
-    """A server span per HTTP request, except for ``UNTRACED_PATHS`` and ``untraced_paths``.
+    """A server span per HTTP request, except for the paths ``untraced_paths`` match (regular
+    expressions over the whole path, without commas: OpenTelemetry splits on them).
 
     Add it after the app's other middleware (outermost), so its span is current in all of them.
     """
-    excluded = ",".join(f"{re.escape(path)}$" for path in (*UNTRACED_PATHS, *untraced_paths))
+    excluded = ",".join(f"{pattern}$" for pattern in untraced_paths)
     app.add_middleware(
         _TracedWhenUseful,
         excluded_urls=excluded,

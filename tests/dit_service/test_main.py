@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from shared.result_frames import RESERVATION_HEADER, RESERVATIONS_PATH
 from tests.dit_service.handoff_requests import AR_MODEL, complete_handoff, handoff_headers, hidden_rows, post_handoff
 from tests.support.otlp_collector import OtlpCollector
 from tests.support.ports import free_port
@@ -116,4 +117,25 @@ def test_sigint_stops_the_service_with_exit_code_0_and_no_traceback(tiny_checkpo
         process.send_signal(signal.SIGINT)
         output, _ = process.communicate(timeout=30)
     assert process.returncode == 0
+    assert b"Traceback" not in output, output.decode()[-3000:]
+
+
+def test_sigterm_drains_a_reserved_handoff_refuses_new_places_and_exits_0(tiny_checkpoint):
+    # What a rollout or a scale-down sends: an AR that reserved a place before the signal still gets its image.
+    with dit_process(tiny_checkpoint) as (url, process):
+        headers = handoff_headers("from-env")
+        reserved = httpx.post(f"{url}{RESERVATIONS_PATH}", headers=headers).json()["reservation"]
+        process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while (readyz := httpx.get(f"{url}/readyz")).status_code == 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert readyz.status_code == 503 and readyz.json()["reason"].startswith("draining")
+        refused = httpx.post(f"{url}{RESERVATIONS_PATH}", headers=headers)
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "shutting_down"
+        assert refused.headers["retry-after"] == "1"
+        parts = complete_handoff(hidden_rows(6))
+        answer = post_handoff(url, parts, headers={**headers, RESERVATION_HEADER: reserved})
+        assert answer.status == 200 and answer.kinds == ["image", "done"]
+        output, _ = process.communicate(timeout=30)
+    assert process.returncode == 0 and b"drained after" in output, output.decode()[-3000:]
     assert b"Traceback" not in output, output.decode()[-3000:]

@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 from services.app import Readiness, create_app
 from services.app_metrics import AppMetrics
 from services.auth import BearerAuth
+from services.drain import Drain
 from services.errors import ApiError
 from services.fatal import Fatal
 from tests.support.bare_app import Body, bare_app
@@ -103,7 +104,14 @@ def test_readiness_is_exported_as_it_is_at_each_scrape():
     async def readiness() -> Readiness:
         return Readiness(state["ready"], "ready" if state["ready"] else "loading")
 
-    app = create_app("test", lifespan=None, readiness=readiness, app_metrics=AppMetrics(registry, "t"), fatal=Fatal())
+    app = create_app(
+        "test",
+        lifespan=None,
+        readiness=readiness,
+        app_metrics=AppMetrics(registry, "t"),
+        fatal=Fatal(),
+        drain=Drain(1.0),
+    )
     with TestClient(app) as client:
         client.get("/metrics")
         assert count(registry, "ardit_t_ready") == 0

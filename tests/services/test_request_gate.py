@@ -13,6 +13,7 @@ from fastapi import FastAPI, Request
 from services.app import Readiness, create_app
 from services.app_metrics import AppMetrics
 from services.auth import BearerAuth
+from services.drain import Drain
 from services.fatal import Fatal
 from services.metrics import new_registry
 from services.request_gate import RequestGate
@@ -35,6 +36,7 @@ def build() -> FastAPI:
         readiness=ready,
         app_metrics=metrics,
         fatal=Fatal(),
+        drain=Drain(1.0),
         gate=lambda inner: RequestGate(
             inner,
             auth=auth,

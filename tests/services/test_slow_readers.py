@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from services.app import Readiness, create_app
 from services.app_metrics import AppMetrics
+from services.drain import Drain
 from services.fatal import Fatal
 from services.metrics import Families
 from services.slow_readers import SlowReaders
@@ -41,7 +42,13 @@ def served() -> Iterator[Served]:
     registry = CollectorRegistry()
     guard = SlowReaders(Families(registry, "t"), send_timeout=SEND_TIMEOUT, max_responses=2, max_bytes=1 << 30)
     app = create_app(
-        "test", lifespan=None, readiness=ready, app_metrics=AppMetrics(registry, "t"), fatal=Fatal(), slow_readers=guard
+        "test",
+        lifespan=None,
+        readiness=ready,
+        app_metrics=AppMetrics(registry, "t"),
+        fatal=Fatal(),
+        drain=Drain(1.0),
+        slow_readers=guard,
     )
 
     @app.get("/big")

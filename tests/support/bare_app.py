@@ -9,6 +9,7 @@ from pydantic import BaseModel
 
 from services.app import Readiness, create_app
 from services.app_metrics import AppMetrics
+from services.drain import Drain
 from services.fatal import Fatal
 
 
@@ -24,5 +25,5 @@ def bare_app() -> tuple[FastAPI, CollectorRegistry]:
     """The app, and the registry its metrics (prefix ``ardit_t_``) go to."""
     registry = CollectorRegistry()
     return create_app(
-        "test", lifespan=None, readiness=ready, app_metrics=AppMetrics(registry, "t"), fatal=Fatal()
+        "test", lifespan=None, readiness=ready, app_metrics=AppMetrics(registry, "t"), fatal=Fatal(), drain=Drain(1.0)
     ), registry
