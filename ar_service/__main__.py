@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 
 from pydantic_settings import CliApp
 
 from ar_service.app import create_ar_app
+from ar_service.image_store import ImageNamesHidden
 from ar_service.settings import ArSettings
 from services.request_context import configure_logging
 from services.serve import serve
@@ -20,8 +22,10 @@ class ArCli(ArSettings, cli_parse_args=True, cli_prog_name="python -m ar_service
 def main() -> int:
     settings = CliApp.run(ArCli)
     configure_logging("ar", settings.log_level)
+    logging.getLogger("uvicorn.access").addFilter(ImageNamesHidden())
     configure_tracing("ar")
-    return serve(create_ar_app(settings), settings.host, settings.port)
+    ports = [settings.port] if settings.internal_port is None else [settings.port, settings.internal_port]
+    return serve(create_ar_app(settings), settings.host, ports)
 
 
 if __name__ == "__main__":

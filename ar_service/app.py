@@ -19,22 +19,24 @@ from starlette.types import ASGIApp
 from ar_service.admission import RequestAdmission
 from ar_service.api.admin import build_admin_router
 from ar_service.api.admission_door import AdmissionDoor
-from ar_service.api.router import EDITS, IMAGE_ROUTES, build_router
+from ar_service.api.router import EDITS, IMAGE_ROUTES, RENDER, build_router
 from ar_service.api.serving import ImageServing
 from ar_service.api.validation import RequestValidator
 from ar_service.dit_pool import DitPool
 from ar_service.engine.hidden_state_engine import HiddenStateEngine
 from ar_service.engine_watch import run_engine
 from ar_service.image_generation import ImageGenerator
-from ar_service.image_store import ImageStore
+from ar_service.image_store import IMAGE_NAME, image_store
 from ar_service.input_images import EditMemory
 from ar_service.metrics import ArMetrics
 from ar_service.prompt_builder import PromptBuilder
 from ar_service.readiness import ArReadiness
 from ar_service.settings import ArSettings
-from services.app import create_app
+from services.app import PROBE_PATHS, create_app
 from services.auth import BearerAuth
+from services.drain import Drain
 from services.fatal import Fatal
+from services.internal_port import InternalPort
 from services.metrics import Families, new_registry
 from services.request_gate import RequestGate
 from services.slow_readers import SlowReaders
@@ -60,10 +62,13 @@ def create_ar_app(settings: ArSettings) -> FastAPI:
     dits = DitPool.of_settings(settings, engine.shape.hidden_size)
     readiness = ArReadiness(dits)
     admission = RequestAdmission(settings.max_queued_requests, settings.max_queue_wait_seconds, metrics)
-    store = ImageStore(settings.image_store_size, settings.image_store_bytes, settings.image_ttl_seconds)
+    store = image_store(
+        settings.image_store_url, settings.image_store_size, settings.image_store_bytes, settings.image_ttl_seconds
+    )
+    drain = Drain(settings.drain_seconds)
     generator = ImageGenerator(settings, engine, prompts, dits, metrics)
     validator = RequestValidator(settings, prompts, EditMemory(settings.max_edit_memory_bytes))
-    serving = ImageServing(settings, readiness, validator, admission, generator, store, metrics)
+    serving = ImageServing(settings, readiness, validator, admission, generator, store, metrics, drain)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -79,6 +84,7 @@ def create_ar_app(settings: ArSettings) -> FastAPI:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
             await dits.aclose()
+            await store.aclose()
             await engine.aclose()
 
     app = create_app(
@@ -86,7 +92,10 @@ def create_ar_app(settings: ArSettings) -> FastAPI:
         lifespan=lifespan,
         readiness=readiness.probe,
         fatal=fatal,
+        drain=drain,
         app_metrics=metrics.app,
+        # A url image's name is its credential: its fetches get no span (nor an access-log name, see __main__).
+        untraced_paths=("/v1/images/" + IMAGE_NAME,),
         gate=lambda inner: _gate(inner, settings, metrics, admission, readiness),
         slow_readers=SlowReaders(
             Families(metrics.app.registry, "ar"),
@@ -106,20 +115,32 @@ def _gate(
     inner: ASGIApp, settings: ArSettings, metrics: ArMetrics, admission: RequestAdmission, readiness: ArReadiness
 ) -> ASGIApp:
     """The public port's gate: API keys, then each body's size and arrival deadline; then the image
-    routes' admission door (a request the line has no room for is refused before it is parsed)."""
+    routes' admission door (a request the line has no room for is refused before it is parsed). The
+    internal port, when there is one, takes the render call and the probes with no key."""
     keys = BearerAuth(settings.api_keys, what="API key", missing_code="missing_api_key", invalid_code="invalid_api_key")
     door = AdmissionDoor(
         inner, admission=admission, readiness=readiness, paths=IMAGE_ROUTES, on_refusal=metrics.app.count_error
     )
-    return RequestGate(
+    public = RequestGate(
         door,
         auth=keys,
         max_body_bytes=settings.max_request_body_bytes,
         body_timeout=settings.request_body_timeout_seconds,
-        open_paths=("/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/redoc"),
+        open_paths=(*PROBE_PATHS, "/openapi.json", "/docs", "/redoc"),
         own_auth_prefixes=("/admin/",),
         on_refusal=metrics.app.count_error,
         # A response_format=url link is a capability: its unguessable id is the credential.
         open_get_prefixes=("/v1/images/",),
         path_body_bytes={EDITS: settings.max_edit_body_bytes},
     )
+    if settings.internal_port is None:
+        return public
+    internal = RequestGate(
+        inner,
+        auth=BearerAuth([], what="API key", missing_code="missing_api_key", invalid_code="invalid_api_key"),
+        max_body_bytes=settings.max_request_body_bytes,
+        body_timeout=settings.request_body_timeout_seconds,
+        open_paths=(),
+        on_refusal=metrics.app.count_error,
+    )
+    return InternalPort(public, internal, port=settings.internal_port, paths=(RENDER, *PROBE_PATHS))

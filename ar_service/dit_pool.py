@@ -2,12 +2,13 @@
 
 ``ARDIT_AR_DIT_URL`` is one or more base URLs (comma-separated); a host that is a DNS name is
 expanded to its IPv4 addresses and re-resolved every ``resolve_seconds``, as a Kubernetes headless
-Service gives them. Each replica is tracked actively (its ``/readyz``, which also carries its
-capabilities) and passively (a request that cannot reach it marks it for a fresh probe).
+Service gives them (a lookup that fails keeps the last answer: a DNS hiccup retires nobody). Each
+replica is tracked actively (its ``/readyz``, which also carries its capabilities) and passively (a
+request that cannot reach it marks it for a fresh probe).
 
 A request reserves a place at the ready replica with the fewest outstanding handoffs that still has
-room (its announced ``max_outstanding``), before any engine work; a replica that is unreachable,
-not ready or busy refuses the reservation and the next one is asked. The handoff then goes where the
+room (its announced ``max_outstanding``), before any engine work; a replica that is unreachable, not
+ready or busy refuses the reservation and the next one is asked. The handoff then goes where the
 place is: one request's rows never reach two replicas. A replica that leaves the DNS answer takes no
 new work and is closed when its last handoff ends.
 """
@@ -87,6 +88,7 @@ class DitPool:
     hidden_size: int
     conditioning: str
     replicas: dict[str, DitReplica] = field(default_factory=dict)
+    _resolved: dict[str, list[str]] = field(default_factory=dict)  # each target's last good DNS answer
 
     @classmethod
     def of_settings(cls, settings: ArSettings, hidden_size: int) -> DitPool:
@@ -119,7 +121,11 @@ class DitPool:
         """Resolve the targets again: new addresses become replicas, vanished ones retire."""
         urls: list[str] = []
         for target in self.targets:
-            urls += await _expand(target)
+            expanded = await _expand(target)
+            # A failed lookup says nothing about the replicas: keep the ones this target gave last time.
+            urls += self._resolved.get(target, []) if expanded is None else expanded
+            if expanded is not None:
+                self._resolved[target] = expanded
         for url in urls:
             if url not in self.replicas:
                 client = self.make_client(url)
@@ -230,7 +236,8 @@ async def _reserved(replica: DitReplica, request_id: str) -> str:
         raise
 
 
-async def _expand(target: str) -> list[str]:
+async def _expand(target: str) -> list[str] | None:
+    """The target's URL for each IPv4 address its host has; None when the lookup failed."""
     parts = urlsplit(target)
     host = parts.hostname or ""
     if _is_ip(host):
@@ -239,8 +246,8 @@ async def _expand(target: str) -> list[str]:
     try:
         infos = await asyncio.get_running_loop().getaddrinfo(host, port, family=socket.AF_INET, type=socket.SOCK_STREAM)
     except OSError as exc:
-        log.warning("cannot resolve DiT host %s: %s", host, exc)
-        return []
+        log.warning("cannot resolve DiT host %s (keeping its last answer): %s", host, exc)
+        return None
     addresses = sorted({str(info[4][0]) for info in infos})
     return [urlunsplit((parts.scheme, f"{address}:{port}", parts.path, "", "")) for address in addresses]
 

@@ -59,7 +59,9 @@ class ArSettings(BaseSettings):
         "off", description="Publish vLLM's KV-cache events (BlockStored/BlockRemoved) for prefix-aware routers."
     )
     kv_events_endpoint: str = Field(
-        "tcp://*:5557", description="Where the AR publishes KV-cache events (tcp://*:PORT: routers dial the AR)."
+        "tcp://127.0.0.1:5557",
+        description="Where the AR publishes KV-cache events (routers dial it): loopback unless set; they carry "
+        "every prompt's token ids, so bind the pod's own address and let a NetworkPolicy pick the subscribers.",
     )
     kv_events_topic: str = Field("", description="ZMQ topic of the KV-cache events (llm-d: kv@<pod ip>@<model>).")
 
@@ -101,6 +103,16 @@ class ArSettings(BaseSettings):
     # --- public API ------------------------------------------------------------------------------
     host: str = Field("127.0.0.1", description="Bind address.")
     port: Port = Field(8000, description="Bind port.")
+    internal_port: Port | None = Field(
+        None,
+        description="A second port for the cluster's own callers: /v1/completions/render and the probes, no API key "
+        "(a NetworkPolicy decides who reaches it); every other path there is a 404. None: no second port.",
+    )
+    drain_seconds: Seconds = Field(
+        150.0,
+        description="On SIGTERM, how long admitted requests may finish (new ones get 503) before the service stops; "
+        "covers a request admitted at the longest queue wait (120 s) and its render.",
+    )
     api_keys: list[str] = Field(default_factory=list, description="Accepted bearer keys (JSON list); empty: no auth.")
     admin_token: SecretStr | None = Field(
         None, description="Enables /admin/* (prefix cache reset) with this bearer; unset or empty: no /admin/*."
@@ -150,5 +162,14 @@ class ArSettings(BaseSettings):
         256 << 20, description="Bytes of images kept for response_format=url (the oldest go first)."
     )
     image_ttl_seconds: Seconds = Field(600.0, description="How long a url image lives.")
-    public_base_url: str | None = Field(None, description="Base of returned image URLs (None: from the request).")
+    image_store_url: str | None = Field(
+        None,
+        description="A Redis URL (redis://host:6379/0) for response_format=url images every replica can serve, under "
+        "the same TTL and byte bound; None: images live in this process.",
+    )
+    public_base_url: str | None = Field(
+        None,
+        description="Base of returned image URLs (None: the request's Host, and X-Forwarded-Proto from proxies "
+        "uvicorn trusts, FORWARDED_ALLOW_IPS).",
+    )
     log_level: LogLevel = "INFO"

@@ -1,12 +1,12 @@
 """The public port's gate, before anything parses a request: the API key, then the body's size and
 how long it takes to arrive.
 
-Pure ASGI, in front of the app: a request without a valid key is answered 401 before one byte of
-its body is read; a body over its cap — ``max_body_bytes``, or a path's own in ``path_body_bytes``
-(image uploads) — is a 413 (from ``Content-Length`` at once, or as soon as the count passes the
-cap), and a body that does not arrive within ``body_timeout`` seconds (a slow or lying client) is a
-408. The body is then replayed to the app, so handlers parse at most their cap and never wait on a
-slow client.
+Pure ASGI, in front of the app: a request without a valid key is answered
+401 before one byte of its body is read (a valid key's tenant goes on ``request.state.tenant``); a
+body over its cap — ``max_body_bytes``, or a path's own in ``path_body_bytes`` (image uploads) — is
+a 413 (from ``Content-Length`` at once, or as soon as the count passes the cap), and a body that
+does not arrive within ``body_timeout`` seconds (a slow or lying client) is a 408. The body is then
+replayed to the app, so handlers parse at most their cap and never wait on a slow client.
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ class RequestGate:
         try:
             path = scope["path"]
             if self._auth.enabled and not self._is_open(scope["method"], path):
-                self._auth.check(_header(scope, b"authorization"))
+                # Starlette's request.state is this dict: the route learns whose key it was.
+                scope.setdefault("state", {})["tenant"] = self._auth.check(_header(scope, b"authorization"))
             body = await self._read_body(scope, receive, self._path_body.get(path, self._max_body))
         except ApiError as refused:
             self._on_refusal(refused)

@@ -28,6 +28,7 @@ torch.set_num_threads(1)
 
 HANDOFF_TOKEN = "test-handoff-token"
 API_KEY = "sk-test-ardit"
+OTHER_API_KEY = "sk-test-another-tenant"
 ADMIN_TOKEN = "test-admin-token"
 
 # The pair's plumbing tests (streams, admission, edits, metrics, bitwise equality with plain diffusers) run on
@@ -93,12 +94,12 @@ def dit_settings(**overrides) -> DitSettings:
 def stack() -> Iterator[Stack]:
     dit = LiveServer(create_dit_app(dit_settings())).start().wait_ready()
     # The AR at its defaults (admission, queue, timeouts as `make run` has them), plus what the
-    # tests exercise: API keys, the admin endpoint, and a max_new_tokens limit a test can pass.
+    # tests exercise: API keys (two tenants), the admin endpoint, and a max_new_tokens limit a test can pass.
     settings = ArSettings(
         model_dir=require_checkpoint(ArSettings().model_dir),
         dit_url=dit.url,
         handoff_token=HANDOFF_TOKEN,
-        api_keys=[API_KEY],
+        api_keys=[API_KEY, OTHER_API_KEY],
         admin_token=ADMIN_TOKEN,
         max_new_tokens_limit=64,
     )

@@ -34,6 +34,7 @@ GENERATIONS = "/v1/images/generations"
 EDITS = "/v1/images/edits"
 # The routes that make images: admitted at arrival (``admission_door``).
 IMAGE_ROUTES = (GENERATIONS, EDITS)
+RENDER = "/v1/completions/render"  # a prefix-aware router's call (vLLM's name)
 # Every route is behind the RequestGate: a missing key, a too-large or too-slow body.
 _GATE = (401, 408, 413)
 _IMAGE_TYPES = {
@@ -82,10 +83,10 @@ def build_router(serving: ImageServing, sse_keepalive_seconds: float) -> APIRout
         responses={200: {"content": _IMAGE_TYPES, "description": "The image file."}, **error_responses(*_GATE, 404)},
     )
     async def get_image(name: str) -> Response:
-        image = serving.stored_image(name)
+        image = await serving.stored_image(name)
         return Response(image.data, media_type=image.media_type, headers={"cache-control": "private, max-age=60"})
 
-    @router.post("/v1/completions/render", responses=error_responses(*_GATE, 400, 404))
+    @router.post(RENDER, responses=error_responses(*_GATE, 400, 404))
     async def render(body: RenderRequest, request: Request) -> list[RenderedPrompt]:
         """The token ids of an image request's templated prompt, as vLLM's own endpoint gives a
         completion's: a prefix-aware router hashes exactly what this AR will cache."""

@@ -48,10 +48,11 @@ from ar_service.engine.hidden_state_engine import EngineUnavailable
 from ar_service.engine.row_channel import RowQueueOverflow
 from ar_service.handoff_client import DitBusy, DitRejected, DitUnavailable, PartialImageSink
 from ar_service.image_generation import GenerationResult, ImageGenerator
-from ar_service.image_store import ImageStore, ImageTooLargeForStore, StoredImage
+from ar_service.image_store import ImageStore, ImageStoreUnavailable, ImageTooLargeForStore, StoredImage
 from ar_service.metrics import ArMetrics
 from ar_service.readiness import NOT_READY_RETRY_AFTER, ArReadiness
 from ar_service.settings import ArSettings
+from services.drain import Drain
 from services.errors import ApiError, Overloaded
 from shared.errors import EmptyConditioning, InvalidDiffusionParams, PromptTooLong
 from shared.result_frames import ImageFrame, PartialImageFrame
@@ -133,12 +134,15 @@ class ImageServing:
     generator: ImageGenerator
     store: ImageStore
     metrics: ArMetrics
+    drain: Drain
 
     async def create_images(self, body: ImageGenerationRequest, raw_request: Request) -> ImagesAnswer | ImageEvents:
         received_at = time.perf_counter()
         with _left_on_failure(take_place(raw_request)) as place:
             dit, capacity = await self.readiness.require()
-            valid = self.validator.generation(body, raw_request.state.request_id, received_at, dit)
+            valid = self.validator.generation(
+                body, raw_request.state.request_id, received_at, dit, _tenant(raw_request)
+            )
         return await self._serve(valid, place, capacity, raw_request)
 
     async def create_edit(self, raw_request: Request) -> ImagesAnswer | ImageEvents:
@@ -151,7 +155,8 @@ class ImageServing:
         """The edit checked and decoded; its uploaded files (up to the edit body cap) are not kept past here."""
         form = await read_edit_form(raw_request)
         dit, capacity = await self.readiness.require()
-        return await self.validator.edit(form, raw_request.state.request_id, received_at, dit), capacity
+        valid = await self.validator.edit(form, raw_request.state.request_id, received_at, dit, _tenant(raw_request))
+        return valid, capacity
 
     async def _serve(
         self, valid: ValidGeneration, place: AdmissionPlace | None, capacity: int, raw_request: Request
@@ -161,7 +166,8 @@ class ImageServing:
         try:
             place = place or self.admission.enter(capacity)  # the door let it through before the pair was ready
             turn = place.turn()
-            ticket = await (turn if place.started else cancel_on_disconnect(raw_request, turn))
+            async with self.drain.bounded():  # a replica that is shutting down stops waiting at its deadline
+                ticket = await (turn if place.started else cancel_on_disconnect(raw_request, turn))
         except BaseException:
             if place is not None:
                 place.leave()
@@ -181,7 +187,7 @@ class ImageServing:
         finally:
             ticket.release(served)
             valid.release()
-        return ImagesAnswer(self._response(valid, result, str(raw_request.base_url)), result.timings)
+        return ImagesAnswer(await self._response(valid, result, str(raw_request.base_url)), result.timings)
 
     async def _events(
         self,
@@ -215,8 +221,10 @@ class ImageServing:
         self, valid: ValidGeneration, on_partial_image: PartialImageSink | None = None
     ) -> GenerationResult:
         gen = valid.generation
+        # Draining, work still running at the deadline ends with a 503 (an ``error`` event in a stream).
         with self._observed(valid), map_failures():
-            result = await self.generator.generate(gen, on_partial_image)
+            async with self.drain.bounded():
+                result = await self.generator.generate(gen, on_partial_image)
         u = result.usage
         log.info(
             "served %d image(s): %d prompt tokens (%d cached), %d generated, %.2fs",
@@ -239,11 +247,11 @@ class ImageServing:
             self.metrics.requests.labels(status=status).inc()
             self.metrics.request_seconds.observe(time.perf_counter() - valid.generation.received_at)
 
-    def _response(self, valid: ValidGeneration, result: GenerationResult, base_url: str) -> ImagesResponse:
+    async def _response(self, valid: ValidGeneration, result: GenerationResult, base_url: str) -> ImagesResponse:
         options, data = valid.response, []
         for image in _in_order(result.images):
             if options.response_format == "url":
-                item = ImageData(url=self._stored(image, base_url))
+                item = ImageData(url=await self._stored(image, base_url))
             else:
                 item = ImageData(b64_json=_b64(image.data))
             data.append(item.model_copy(update={"revised_prompt": result.revised_prompt}))
@@ -257,13 +265,15 @@ class ImageServing:
             usage=usage(result),
         )
 
-    def _stored(self, image: ImageFrame, base_url: str) -> str:
+    async def _stored(self, image: ImageFrame, base_url: str) -> str:
         try:
-            name = self.store.put(image.data, image.output_format)
+            name = await self.store.put(image.data, image.output_format)
         except ImageTooLargeForStore as exc:
             raise ApiError(
                 400, f"{exc}; ask for response_format=b64_json", param="response_format", code="unsupported_value"
             ) from None
+        except ImageStoreUnavailable as exc:
+            raise _store_unavailable(exc) from None
         return f"{(self.settings.public_base_url or base_url).rstrip('/')}/v1/images/{name}"
 
     @staticmethod
@@ -312,12 +322,24 @@ class ImageServing:
         self.validator.check_model(body.model)
         return [RenderedPrompt(request_id=request_id, token_ids=self.validator.prompt_token_ids(body.prompt))]
 
-    def stored_image(self, name: str) -> StoredImage:
+    async def stored_image(self, name: str) -> StoredImage:
         """A ``response_format=url`` image, by the name its URL carries."""
-        image = self.store.get(name)
+        try:
+            image = await self.store.get(name)
+        except ImageStoreUnavailable as exc:
+            raise _store_unavailable(exc) from None
         if image is None:
             raise ApiError(404, "image not found or expired", code="not_found", param="name")
         return image
+
+
+def _store_unavailable(exc: ImageStoreUnavailable) -> ApiError:
+    return ApiError(503, f"{exc}; retry, or ask for response_format=b64_json", code="image_store_unavailable")
+
+
+def _tenant(raw_request: Request) -> str | None:
+    """Whose API key sent the request (``services.request_gate`` names it); None without keys."""
+    return getattr(raw_request.state, "tenant", None)
 
 
 @contextmanager

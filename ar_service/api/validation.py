@@ -88,14 +88,22 @@ class RequestValidator:
         return self.prompts.build(prompt).token_ids
 
     def generation(
-        self, body: ImageRequest, request_id: str, received_at: float, dit: DitCapabilities
+        self,
+        body: ImageRequest,
+        request_id: str,
+        received_at: float,
+        dit: DitCapabilities,
+        tenant: str | None = None,
     ) -> ValidGeneration:
-        """A generation (JSON body) checked against the ready DiTs' announcement."""
+        """A generation (JSON body) checked against the ready DiTs' announcement; ``tenant``: whose API
+        key sent it (None without keys)."""
         self.check_model(body.model)
         size = (dit.defaults.width, dit.defaults.height) if body.size == "auto" else _size(body.size, dit)
-        return self._valid(body, "image_generation", request_id, received_at, dit, size)
+        return self._valid(body, "image_generation", request_id, received_at, dit, size, tenant)
 
-    async def edit(self, form: EditForm, request_id: str, received_at: float, dit: DitCapabilities) -> ValidGeneration:
+    async def edit(
+        self, form: EditForm, request_id: str, received_at: float, dit: DitCapabilities, tenant: str | None = None
+    ) -> ValidGeneration:
         """An edit (multipart form): also decodes the uploads, in a worker thread."""
         body = form.request
         self.check_model(body.model)
@@ -115,7 +123,7 @@ class RequestValidator:
         if requested is None:
             _drawable(upload.size, (width, height), dit)
         # Every other refusal before the decode (the cheapest first), then the memory, then the pixels.
-        valid = self._valid(body, "image_edit", request_id, received_at, dit, (width, height))
+        valid = self._valid(body, "image_edit", request_id, received_at, dit, (width, height), tenant)
         held = self.edit_memory.hold(upload.memory(width, height))
         try:
             pixels = await asyncio.to_thread(decode_edit, upload, size)
@@ -133,6 +141,7 @@ class RequestValidator:
         received_at: float,
         dit: DitCapabilities,
         size: tuple[int, int],
+        tenant: str | None,
     ) -> ValidGeneration:
         s = self.settings
         if body.background == "transparent":
@@ -153,7 +162,7 @@ class RequestValidator:
             prompts={name: self._prompt(name, text, dit) for name, text in texts.items()},
             diffusion=diffusion,
             max_new_tokens=max_new,
-            cache_salt=body.cache_salt,
+            cache_salt=cache_salt(tenant, body.cache_salt),
             received_at=received_at,
         )
         response = ResponseOptions(
@@ -243,6 +252,15 @@ def _public_errors() -> Iterator[None]:
     except InvalidDiffusionParams as exc:
         param = exc.param or "prompt"
         raise _invalid(exc.message, param, _CODE_BY_PARAM.get(param, "invalid_value")) from None
+
+
+def cache_salt(tenant: str | None, asked: str | None) -> str | None:
+    """vLLM's prefix-cache salt: the tenant's own namespace first, so one API key's cached prefixes are
+    never another's hits (``cached_tokens`` tells a tenant nothing of another's prompts; the template
+    prefix is cached once per tenant), then the salt the request asked for."""
+    if tenant is None:
+        return asked
+    return f"{tenant}:{asked or ''}"
 
 
 def edit_strength(body: ImageEditRequest) -> float:

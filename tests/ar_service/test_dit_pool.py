@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 
 import httpx
 import pytest
@@ -51,6 +52,22 @@ def test_a_dns_name_becomes_one_replica_per_address():
         return sorted(pool.replicas)
 
     assert asyncio.run(scenario()) == ["http://127.0.0.1:8001"]
+
+
+def test_a_failed_dns_lookup_keeps_the_replicas_of_the_last_answer():
+    async def scenario():
+        pool = pool_of("http://localhost:8001", answers=lambda url: ready_with())
+        await pool.refresh()
+
+        async def no_dns(*args, **kwargs):
+            raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+
+        asyncio.get_running_loop().getaddrinfo = no_dns  # type: ignore[method-assign]
+        await pool.refresh()
+        return {url: replica.retired for url, replica in pool.replicas.items()}, (await pool.state()).ready
+
+    replicas, ready = asyncio.run(scenario())
+    assert replicas == {"http://127.0.0.1:8001": False} and ready
 
 
 def test_the_least_loaded_ready_replica_with_room_is_picked():

@@ -1,49 +1,130 @@
-"""The url image store: unguessable names, bounded in count and in bytes, expiring."""
+"""The url image stores: unguessable names, bounded in count and in bytes, expiring — in this process's
+memory and in a Redis every AR replica shares (a real redis-server), with the same behaviour."""
 
 from __future__ import annotations
 
-import time
+import asyncio
+import logging
+from collections.abc import Callable, Iterator
 
 import pytest
 
-from ar_service.image_store import ImageStore, ImageTooLargeForStore
+from ar_service.image_store import (
+    ImageNamesHidden,
+    ImageStore,
+    ImageStoreUnavailable,
+    ImageTooLargeForStore,
+    MemoryImageStore,
+    RedisImageStore,
+    image_store,
+)
+from tests.support.redis_server import redis_server
+
+StoreFactory = Callable[[int, int, float], ImageStore]
 
 
-def test_an_image_comes_back_under_its_name_with_its_media_type():
-    store = ImageStore(capacity=4, max_bytes=1000, ttl_seconds=60)
-    name = store.put(b"png bytes", "png")
-    assert name.startswith("img_") and name.endswith(".png") and len(name) > 24
-    image = store.get(name)
-    assert image is not None and image.data == b"png bytes" and image.media_type == "image/png"
-    assert store.get("img_guessed.png") is None
+@pytest.fixture(params=["memory", "redis"])
+def new_store(request: pytest.FixtureRequest) -> Iterator[StoreFactory]:
+    if request.param == "memory":
+        yield MemoryImageStore
+        return
+    with redis_server() as url:
+        yield lambda capacity, max_bytes, ttl: RedisImageStore(url, capacity, max_bytes, ttl)
 
 
-def test_names_are_never_reused():
-    store = ImageStore(capacity=1000, max_bytes=10**6, ttl_seconds=60)
-    assert len({store.put(b"x", "png") for _ in range(500)}) == 500
+async def put_all(store: ImageStore, images: list[tuple[bytes, str]]) -> list[str]:
+    return [await store.put(data, fmt) for data, fmt in images]  # type: ignore[arg-type]
 
 
-def test_the_count_is_bounded_oldest_first():
-    store = ImageStore(capacity=3, max_bytes=10**6, ttl_seconds=60)
-    names = [store.put(b"x", "jpeg") for _ in range(5)]
-    assert len(store) == 3
-    assert [store.get(n) is not None for n in names] == [False, False, True, True, True]
+async def found(store: ImageStore, names: list[str]) -> list[bool]:
+    return [await store.get(name) is not None for name in names]
 
 
-def test_the_bytes_are_bounded_too():
-    store = ImageStore(capacity=100, max_bytes=1000, ttl_seconds=60)
-    names = [store.put(bytes(400), "webp") for _ in range(4)]
-    assert store.stored_bytes <= 1000 and len(store) == 2
-    assert store.get(names[0]) is None and store.get(names[-1]) is not None
+def test_an_image_comes_back_under_its_name_with_its_media_type(new_store):
+    async def scenario():
+        store = new_store(4, 1000, 60)
+        [name] = await put_all(store, [(b"png bytes", "png")])
+        assert name.startswith("img_") and name.endswith(".png") and len(name) > 24
+        image = await store.get(name)
+        assert image is not None and image.data == b"png bytes" and image.media_type == "image/png"
+        assert await found(store, ["img_guessed.png"]) == [False]
+
+    asyncio.run(scenario())
 
 
-def test_an_image_larger_than_the_store_is_refused():
+def test_names_are_never_reused(new_store):
+    async def scenario():
+        return await put_all(new_store(1000, 10**6, 60), [(b"x", "png")] * 300)
+
+    assert len(set(asyncio.run(scenario()))) == 300
+
+
+def test_the_count_is_bounded_oldest_first(new_store):
+    async def scenario():
+        store = new_store(3, 10**6, 60)
+        return await found(store, await put_all(store, [(b"x", "jpeg")] * 5))
+
+    assert asyncio.run(scenario()) == [False, False, True, True, True]
+
+
+def test_the_bytes_are_bounded_too(new_store):
+    async def scenario():
+        store = new_store(100, 1000, 60)
+        return await found(store, await put_all(store, [(bytes(400), "webp")] * 4))
+
+    assert asyncio.run(scenario()) == [False, False, True, True]
+
+
+def test_an_image_larger_than_the_store_is_refused(new_store):
     with pytest.raises(ImageTooLargeForStore):
-        ImageStore(capacity=4, max_bytes=1000, ttl_seconds=60).put(bytes(1001), "png")
+        asyncio.run(put_all(new_store(4, 1000, 60), [(bytes(1001), "png")]))
 
 
-def test_images_expire():
-    store = ImageStore(capacity=4, max_bytes=1000, ttl_seconds=0.05)
-    name = store.put(b"x", "png")
-    time.sleep(0.1)
-    assert store.get(name) is None and len(store) == 0
+def test_images_expire(new_store):
+    async def scenario():
+        store = new_store(4, 1000, 0.2)
+        names = await put_all(store, [(b"x", "png")])
+        await asyncio.sleep(0.4)
+        return await found(store, names)
+
+    assert asyncio.run(scenario()) == [False]
+
+
+def test_replicas_sharing_a_redis_serve_each_others_images_under_one_bound():
+    async def scenario(url):
+        made_here, made_there = RedisImageStore(url, 3, 10**6, 60), RedisImageStore(url, 3, 10**6, 60)
+        names = await put_all(made_here, [(b"a", "png")] * 2) + await put_all(made_there, [(b"b", "png")] * 2)
+        return await found(made_there, names), await found(made_here, names)
+
+    with redis_server() as url:
+        seen_there, seen_here = asyncio.run(scenario(url))
+    # Four images, three places, across both replicas: the oldest (made here) went first.
+    assert seen_there == seen_here == [False, True, True, True]
+
+
+def test_the_setting_chooses_the_store():
+    assert isinstance(image_store(None, 4, 1000, 60), MemoryImageStore)
+    assert isinstance(image_store("redis://127.0.0.1:1/0", 4, 1000, 60), RedisImageStore)
+
+
+def test_a_redis_that_cannot_be_reached_is_a_store_unavailable_error_not_a_crash():
+    store = RedisImageStore("redis://127.0.0.1:1/0", 4, 1000, 60)
+    with pytest.raises(ImageStoreUnavailable):
+        asyncio.run(store.put(b"x", "png"))
+    with pytest.raises(ImageStoreUnavailable):
+        asyncio.run(store.get("img_abc.png"))
+
+
+def test_an_access_log_line_never_shows_an_images_name():
+    name = "img_" + "A" * 24 + ".png"
+    record = logging.LogRecord(
+        "uvicorn.access",
+        logging.INFO,
+        __file__,
+        1,
+        '%s - "%s %s HTTP/%s" %d',
+        ("1.2.3.4", "GET", f"/v1/images/{name}", "1.1", 200),
+        None,
+    )
+    assert ImageNamesHidden().filter(record)
+    assert name not in record.getMessage() and "/v1/images/img_<hidden>" in record.getMessage()

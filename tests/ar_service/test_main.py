@@ -1,8 +1,10 @@
 """``python -m ar_service`` in a subprocess: an engine that cannot start makes the process exit; an AR
-killed outright takes its vLLM processes with it; one asked to stop exits 0 without a traceback."""
+killed outright takes its vLLM processes with it; one asked to stop (SIGTERM) drains and exits 0 without a
+traceback."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -11,9 +13,11 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 import psutil
 import pytest
 
+from tests.conftest import PLUMBING_DIT_MODEL_DIR, require_checkpoint
 from tests.support.ports import free_port
 
 pytestmark = pytest.mark.slow
@@ -42,8 +46,14 @@ def _living(processes: list[psutil.Process]) -> list[psutil.Process]:
 class _Ar:
     """``python -m ar_service`` with no DiT (the engine starts all the same), its log read as it comes."""
 
-    def __init__(self) -> None:
-        env = {**os.environ, "ARDIT_AR_PORT": str(free_port()), "ARDIT_AR_DIT_URL": f"http://127.0.0.1:{free_port()}"}
+    def __init__(self, **environment: str) -> None:
+        self.port = free_port()
+        env = {
+            **os.environ,
+            "ARDIT_AR_PORT": str(self.port),
+            "ARDIT_AR_DIT_URL": f"http://127.0.0.1:{free_port()}",
+            **environment,
+        }
         self.process = subprocess.Popen(
             [sys.executable, "-m", "ar_service"], cwd=REPO, env=env, stderr=subprocess.PIPE, text=True
         )
@@ -98,11 +108,72 @@ def test_an_ar_that_dies_by_a_signal_leaves_no_vllm_process(sig, when, within):
             time.sleep(0.2)
         assert not _living(descendants), [process.name() for process in _living(descendants)]
         if sig == signal.SIGTERM:
-            # A normal stop: a graceful shutdown, and nothing in the log that looks like a failure. (uvicorn
-            # re-raises the SIGTERM it caught once it has shut down, so the status is the signal's.)
+            # A normal stop: drained (nothing was in flight), shut down gracefully, exit status 0, and
+            # nothing in the log that looks like a failure.
             log = ar.full_log()
-            assert ar.process.returncode == -signal.SIGTERM and "Application shutdown complete" in log, log[-3000:]
+            assert ar.process.returncode == 0 and "drained after" in log, log[-3000:]
+            assert "Application shutdown complete" in log, log[-3000:]
             assert "Traceback" not in log and " ERROR " not in log, log[-3000:]
     finally:
         ar.process.kill()
         ar.process.wait()
+
+
+def test_the_internal_port_serves_the_render_call_and_probes_without_a_key_and_nothing_else():
+    internal = free_port()
+    ar = _Ar(ARDIT_AR_API_KEYS='["sk-main"]', ARDIT_AR_INTERNAL_PORT=str(internal))
+    try:
+        assert ar.engine_ready.wait(timeout=300)
+        public, inside = f"http://127.0.0.1:{ar.port}", f"http://127.0.0.1:{internal}"
+        render = {"prompt": "a red square"}
+        assert httpx.post(f"{public}/v1/completions/render", json=render).status_code == 401
+        rendered = httpx.post(f"{inside}/v1/completions/render", json=render)
+        assert rendered.status_code == 200 and rendered.json()[0]["token_ids"]
+        for probe in ("/health", "/healthz", "/metrics"):
+            assert httpx.get(f"{inside}{probe}").status_code == 200
+            assert httpx.get(f"{public}{probe}").status_code == 200  # open on the public port too
+        generation = httpx.post(f"{inside}/v1/images/generations", json=render)
+        assert generation.status_code == 404 and generation.json()["error"]["code"] == "not_found"
+        assert httpx.get(f"{inside}/v1/models").status_code == 404
+    finally:
+        ar.process.send_signal(signal.SIGTERM)
+        ar.process.wait(timeout=60)
+
+
+def test_a_stream_still_rendering_when_the_drain_period_ends_gets_an_error_event_and_the_ar_exits_0():
+    dit_port = free_port()
+    dit_env = {
+        **os.environ,
+        "ARDIT_DIT_MODEL_DIR": str(require_checkpoint(PLUMBING_DIT_MODEL_DIR)),
+        "ARDIT_DIT_PORT": str(dit_port),
+        "ARDIT_HANDOFF_TOKEN": "drain-test",
+    }
+    dit = subprocess.Popen([sys.executable, "-m", "dit_service"], cwd=REPO, env=dit_env, stderr=subprocess.DEVNULL)
+    ar = _Ar(
+        ARDIT_AR_DIT_URL=f"http://127.0.0.1:{dit_port}", ARDIT_HANDOFF_TOKEN="drain-test", ARDIT_AR_DRAIN_SECONDS="1"
+    )
+    try:
+        url = f"http://127.0.0.1:{ar.port}"
+        deadline = time.monotonic() + 300
+        while httpx.get(f"{url}/readyz").status_code != 200:
+            assert time.monotonic() < deadline, "the pair did not get ready"
+            time.sleep(0.5)
+        # A render of many seconds (the largest size, many steps), stopped by SIGTERM once it streams.
+        body = {"prompt": "a long render", "size": "1024x1024", "num_inference_steps": 60, "stream": True}
+        events: list[str] = []
+        error: dict[str, str] = {}
+        with httpx.stream("POST", f"{url}/v1/images/generations", json=body, timeout=120) as answer:
+            assert answer.status_code == 200
+            ar.process.send_signal(signal.SIGTERM)
+            for line in answer.iter_lines():
+                if line.startswith("event:"):
+                    events.append(line.split(":", 1)[1].strip())
+                if line.startswith("data:") and events[-1:] == ["error"]:
+                    error = json.loads(line.split(":", 1)[1])["error"]
+        assert events[-1] == "error" and error["code"] == "shutting_down", events
+        assert ar.process.wait(timeout=60) == 0
+    finally:
+        ar.process.kill()
+        ar.process.wait()
+        dit.terminate()
+        dit.wait(timeout=30)

@@ -12,7 +12,7 @@ import pytest
 from openai import OpenAI
 from PIL import Image
 
-from tests.conftest import API_KEY
+from tests.conftest import API_KEY, OTHER_API_KEY
 
 pytestmark = pytest.mark.slow
 
@@ -108,6 +108,19 @@ def test_repeated_prompt_is_served_from_the_prefix_cache(client):
     assert second.usage.model_extra["cached_tokens"] > 0
     assert second.usage.model_extra["cached_tokens"] == (first.usage.input_tokens - 1) // 128 * 128
     assert first.data[0].b64_json == second.data[0].b64_json
+
+
+def test_one_tenants_cached_prompts_are_not_another_tenants_cache_hits(client, stack):
+    # Each API key has its own prefix cache (salted by the key), even for the same prompt and cache_salt:
+    # cached_tokens cannot tell a tenant what another one sent.
+    other = OpenAI(base_url=stack.api_base, api_key=OTHER_API_KEY, max_retries=0, timeout=300)
+    ask = {"prompt": LONG_PROMPT + ", tenants", "size": "64x64", "extra_body": {"seed": 1, "cache_salt": "t", **FAST}}
+    first = client.images.generate(**ask)
+    again = client.images.generate(**ask)
+    from_another_tenant = other.images.generate(**ask)
+    assert first.usage.model_extra["cached_tokens"] == 0 and again.usage.model_extra["cached_tokens"] > 0
+    assert from_another_tenant.usage.model_extra["cached_tokens"] == 0
+    assert from_another_tenant.data[0].b64_json == first.data[0].b64_json  # the same picture all the same
 
 
 def test_url_response_format_serves_the_image_to_whoever_holds_the_url(client, stack):

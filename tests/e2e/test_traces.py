@@ -209,3 +209,17 @@ def test_otel_variables_export_the_ars_spans_and_vllms_in_the_dits_trace(stack, 
     dit = ended(spans, "ardit.dit.handoff", response.headers["x-request-id"])
     assert dit.parent is not None
     assert format(dit.parent.span_id, "016x") == handoff.span_id
+
+
+def test_a_url_images_name_is_in_no_span(stack: Stack, spans: InMemorySpanExporter) -> None:
+    response = httpx.post(
+        f"{stack.api_base}/images/generations",
+        headers={"authorization": f"Bearer {API_KEY}"},
+        json={"prompt": "a traced teapot", "size": "64x64", "num_inference_steps": 2, "response_format": "url"},
+        timeout=300,
+    )
+    link = response.json()["data"][0]["url"]
+    assert httpx.get(link).status_code == 200
+    image_id = link.rsplit("/", 1)[1].split(".")[0]
+    recorded = [(span.name, dict(span.attributes or {})) for span in spans.get_finished_spans()]
+    assert recorded and image_id not in repr(recorded)

@@ -48,3 +48,10 @@ def test_an_empty_configured_token_is_no_token_and_an_empty_bearer_never_passes(
 
 def test_enabled_iff_a_token_is_configured():
     assert auth("x").enabled and not auth().enabled
+
+
+def test_each_token_names_its_own_tenant_and_the_name_does_not_contain_the_token():
+    auth = BearerAuth(["key-one", "key-two"], what="API key", missing_code="m", invalid_code="i")
+    one, two = auth.check("Bearer key-one"), auth.check("Bearer key-two")
+    assert one != two and auth.check("Bearer key-one") == one
+    assert "key-one" not in one and len(one) == 32

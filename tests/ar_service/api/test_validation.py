@@ -13,7 +13,13 @@ from pydantic import ValidationError
 
 from ar_service.api.edit_form import EditForm, Upload
 from ar_service.api.protocol import ImageEditRequest, ImageGenerationRequest
-from ar_service.api.validation import STRENGTH_BY_FIDELITY, RequestValidator, ValidGeneration, edit_strength
+from ar_service.api.validation import (
+    STRENGTH_BY_FIDELITY,
+    RequestValidator,
+    ValidGeneration,
+    cache_salt,
+    edit_strength,
+)
 from ar_service.input_images import EditMemory
 from ar_service.prompt_builder import PromptBuilder
 from ar_service.settings import ArSettings
@@ -214,3 +220,10 @@ def test_an_edit_of_several_images_is_refused_before_anything_else(validator):
     with pytest.raises(ApiError) as info:
         asyncio.run(validator.edit(form, "req_1", 0.0, DIT))
     assert (info.value.status, info.value.param, info.value.code) == (400, "image", "unsupported_value")
+
+
+def test_a_tenant_salts_the_prefix_cache_before_the_requests_own_salt():
+    assert cache_salt(None, None) is None and cache_salt(None, "mine") == "mine"
+    assert cache_salt("tenant-a", None) != cache_salt("tenant-b", None)
+    # A tenant that sends another's salt string still lands in its own namespace.
+    assert cache_salt("tenant-a", "x") != cache_salt("tenant-b", "x") and cache_salt("tenant-a", "x").endswith("x")
