@@ -19,6 +19,9 @@ PORTS = {"ar": 8000, "dit": 8001}
 MODEL_HOST_DIRS = {"ar": "/srv/models/ar", "dit": "/srv/models/dit"}
 CACHE_VARIABLES = ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "HF_HOME")
 GPU_CACHE_VARIABLES = ("FLASHINFER_WORKSPACE_BASE", "CUDA_CACHE_PATH")
+DRAIN_VARIABLES = {"ar": "ARDIT_AR_DRAIN_SECONDS", "dit": "ARDIT_DIT_DRAIN_SECONDS"}
+# What a service needs between its drain's end and Compose's SIGKILL: closing the engine and exiting.
+DRAIN_MARGIN_SECONDS = 10
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +54,18 @@ def variant(request) -> dict:
 def seconds(duration: str) -> float:
     units = {"h": 3600, "m": 60, "s": 1, "ms": 1e-3}
     return sum(float(n) * units[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)(ms|h|m|s)", duration))
+
+
+def drain_shortfalls(config: dict) -> list[str]:
+    """Services Compose would SIGKILL before their drain (ARDIT_*_DRAIN_SECONDS) and exit are over."""
+    shortfalls = []
+    for name, variable in DRAIN_VARIABLES.items():
+        service = config["services"][name]
+        drain = float(service["environment"][variable])
+        grace = seconds(service.get("stop_grace_period", "10s"))  # Compose's default
+        if grace < drain + DRAIN_MARGIN_SECONDS:
+            shortfalls.append(f"{name}: {grace:g} s to stop, {drain:g} s of drain")
+    return shortfalls
 
 
 def dockerfile(service: dict) -> str:
@@ -126,6 +141,20 @@ def test_the_image_api_is_published_on_loopback_unless_told_otherwise(variant, e
     exposed = rendered(CPU_FILES, {**env, "ARDIT_AR_PUBLISH_ADDRESS": "0.0.0.0", "ARDIT_AR_PUBLISH_PORT": "9000"})
     (port,) = exposed["services"]["ar"]["ports"]
     assert (port["host_ip"], port["published"]) == ("0.0.0.0", "9000")
+
+
+def test_compose_waits_for_each_service_to_drain_before_killing_it(variant):
+    for name, variable in DRAIN_VARIABLES.items():
+        assert float(variant["services"][name]["environment"][variable]) == 150
+        assert seconds(variant["services"][name]["stop_grace_period"]) == 180
+    assert drain_shortfalls(variant) == []
+
+
+def test_a_stop_grace_period_shorter_than_the_drain_is_caught(env, tmp_path):
+    override = tmp_path / "impatient.yml"
+    override.write_text("services:\n  dit:\n    stop_grace_period: 60s\n")
+    config = rendered((*GPU_FILES, str(override)), env)
+    assert drain_shortfalls(config) == ["dit: 60 s to stop, 150 s of drain"]
 
 
 def test_ar_starts_after_the_dit_is_healthy(variant):
