@@ -15,7 +15,7 @@ DEMO_DIT_DIR := $(ARDIT_CACHE_DIR)/models/ardit-demo
 PYTEST_ARGS ?=
 PIP_VERSION := 26.3
 
-.PHONY: setup checkpoints run test test-fast lint prometheus bench clean podman image test-containers
+.PHONY: setup checkpoints run test test-fast lint test-tools gateway-tools bench clean podman image test-containers test-gateway
 
 setup: $(STAMP)
 
@@ -45,14 +45,21 @@ $(DEMO_DIT_DIR)/.complete: $(shell find $(DEMO_DIT_SRC) -type f)
 	touch $(DEMO_DIT_DIR).tmp/.complete
 	mv $(DEMO_DIT_DIR).tmp $(DEMO_DIT_DIR)
 
-# Prometheus from Debian's packages, for the metrics tests (a real server scrapes the services).
-prometheus:
-	@command -v prometheus >/dev/null || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus)
+# From Debian's packages, for the tests: Prometheus (a real server scrapes the services) and Redis (the
+# shared store of url images).
+test-tools:
+	@command -v prometheus >/dev/null && command -v redis-server >/dev/null \
+		|| (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus redis-server)
+
+# The gateway topology's tools: HAProxy (deploy/gateway/haproxy.cfg) and Redis.
+gateway-tools:
+	@command -v haproxy >/dev/null && command -v redis-server >/dev/null \
+		|| (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends haproxy redis-server)
 
 run: checkpoints
 	$(PY) -m services.launcher
 
-test: checkpoints prometheus
+test: checkpoints test-tools
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # ruff (lint + format) and mypy, as configured in pyproject.toml; CI runs it before the tests.
@@ -80,6 +87,10 @@ image: podman
 # The CPU compose stack in real containers (tests/deploy/test_compose_stack.py).
 test-containers: checkpoints image
 	$(PY) -m pytest -m containers tests/deploy/test_compose_stack.py $(PYTEST_ARGS)
+
+# 2 AR + 2 DiT behind HAProxy, each restarted and then killed under load (tests/deploy/test_gateway.py).
+test-gateway: checkpoints gateway-tools
+	$(PY) -m pytest -m gateway tests/deploy/test_gateway.py $(PYTEST_ARGS)
 
 bench: checkpoints
 	$(PY) benchmarks/handoff_codec.py
