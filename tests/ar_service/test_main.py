@@ -154,8 +154,9 @@ def test_a_stream_still_rendering_when_the_drain_period_ends_gets_an_error_event
     )
     try:
         url = f"http://127.0.0.1:{ar.port}"
-        deadline = time.monotonic() + 300
-        while httpx.get(f"{url}/readyz").status_code != 200:
+        assert ar.engine_ready.wait(timeout=300)
+        deadline = time.monotonic() + 120
+        while httpx.get(f"{url}/readyz").status_code != 200:  # the DiT too
             assert time.monotonic() < deadline, "the pair did not get ready"
             time.sleep(0.5)
         # A render of many seconds (the largest size, many steps), stopped by SIGTERM once it streams.

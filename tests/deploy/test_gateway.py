@@ -32,7 +32,7 @@ from shared.result_frames import RESERVATIONS_PATH
 from tests.support.ports import free_port
 from tests.support.redis_server import redis_server
 
-pytestmark = pytest.mark.gateway
+pytestmark = [pytest.mark.gateway, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 HAPROXY_CONFIG = REPO / "deploy" / "gateway" / "haproxy.cfg"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import io
+from typing import Any
 
 import httpx
 import openai
@@ -114,10 +115,12 @@ def test_one_tenants_cached_prompts_are_not_another_tenants_cache_hits(client, s
     # Each API key has its own prefix cache (salted by the key), even for the same prompt and cache_salt:
     # cached_tokens cannot tell a tenant what another one sent.
     other = OpenAI(base_url=stack.api_base, api_key=OTHER_API_KEY, max_retries=0, timeout=300)
-    ask = {"prompt": LONG_PROMPT + ", tenants", "size": "64x64", "extra_body": {"seed": 1, "cache_salt": "t", **FAST}}
-    first = client.images.generate(**ask)
-    again = client.images.generate(**ask)
-    from_another_tenant = other.images.generate(**ask)
+    prompt, extra = LONG_PROMPT + ", tenants", {"seed": 1, "cache_salt": "t", **FAST}
+
+    def ask(tenant: Any) -> Any:
+        return tenant.images.generate(prompt=prompt, size="64x64", extra_body=extra)
+
+    first, again, from_another_tenant = ask(client), ask(client), ask(other)
     assert first.usage.model_extra["cached_tokens"] == 0 and again.usage.model_extra["cached_tokens"] > 0
     assert from_another_tenant.usage.model_extra["cached_tokens"] == 0
     assert from_another_tenant.data[0].b64_json == first.data[0].b64_json  # the same picture all the same

@@ -226,4 +226,5 @@ def test_a_tenant_salts_the_prefix_cache_before_the_requests_own_salt():
     assert cache_salt(None, None) is None and cache_salt(None, "mine") == "mine"
     assert cache_salt("tenant-a", None) != cache_salt("tenant-b", None)
     # A tenant that sends another's salt string still lands in its own namespace.
-    assert cache_salt("tenant-a", "x") != cache_salt("tenant-b", "x") and cache_salt("tenant-a", "x").endswith("x")
+    salted = cache_salt("tenant-a", "x")
+    assert salted is not None and salted != cache_salt("tenant-b", "x") and salted.endswith("x")
