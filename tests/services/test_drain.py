@@ -13,15 +13,12 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from services.app import Readiness, create_app
+from services.app import create_app
 from services.app_metrics import AppMetrics
 from services.drain import Drain
 from services.fatal import Fatal
+from tests.support.bare_app import ready
 from tests.support.live_server import LiveServer
-
-
-async def ready() -> Readiness:
-    return Readiness(True, "ready")
 
 
 @dataclass
