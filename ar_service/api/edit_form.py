@@ -139,3 +139,19 @@ def _json_types() -> dict[str, set[str]]:
         name: {option.get("type", "object") for option in schema.get("anyOf", [schema])}
         for name, schema in properties.items()
     }
+
+
+def edit_form_openapi() -> dict[str, Any]:
+    """The multipart body for the OpenAPI document, as the official client sends it: the request's
+    fields as text parts, the files as file parts. (``svg``'s bracketed parts, ``svg[model]``, are
+    accepted but not listed.)"""
+    fields = ImageEditRequest.model_json_schema(ref_template="#/components/schemas/{model}")["properties"]
+    fields.pop("svg")
+    binary = {"type": "string", "format": "binary"}
+    files = {
+        "image": {**binary, "description": "The image to edit (PNG, JPEG or WebP); or send it as image[]."},
+        "image[]": {"type": "array", "items": binary, "maxItems": MAX_IMAGES, "description": "One image, as a list."},
+        "mask": {**binary, "description": "PNG of the image's size; fully transparent pixels are repainted."},
+    }
+    schema = {"type": "object", "properties": {**fields, **files}, "required": ["prompt", "image"]}
+    return {"required": True, "content": {"multipart/form-data": {"schema": schema}}}
