@@ -12,7 +12,7 @@ from dit_service.image_encoder import ImageEncoder
 from dit_service.model import DitModel
 from dit_service.settings import DitSettings
 from shared.capabilities import DiffusionDefaults, DiffusionLimits, DitCapabilities, DitCapacity
-from shared.diffusion import parse_size
+from shared.diffusion import STEP_CACHE_METHODS, parse_size
 
 FALLBACK_SIZE = "256x256"
 FALLBACK_STEPS = 8
@@ -37,6 +37,8 @@ def dit_capabilities(settings: DitSettings, model: DitModel) -> DitCapabilities:
             max_images=settings.max_images_per_handoff,
             max_conditioning_rows=settings.max_sequence_length,
             output_formats=ImageEncoder.supported(),
+            # A cache hook's state lives on the shared transformer: one run at a time (``step_cache``).
+            step_caches=list(STEP_CACHE_METHODS) if settings.max_pipeline_runs == 1 else [],
         ),
         defaults=DiffusionDefaults(
             width=width,
@@ -45,6 +47,7 @@ def dit_capabilities(settings: DitSettings, model: DitModel) -> DitCapabilities:
             or card.default_num_inference_steps
             or FALLBACK_STEPS,
             guidance_scale=_first_set(settings.default_guidance_scale, card.default_guidance_scale),
+            step_cache=card.default_step_cache if settings.max_pipeline_runs == 1 else None,
         ),
         capacity=DitCapacity(
             max_concurrent_handoffs=settings.max_concurrent_handoffs,

@@ -78,6 +78,12 @@ class DitMetrics:
             "One denoising step (previews excluded; an image's first step includes the pipeline's set-up).",
             LATENCY_BUCKETS,
         )
+        self.step_cache_passes = f.counter(
+            "step_cache_passes",
+            "Transformer passes of runs with a step cache, by method and outcome: computed (a full pass) or "
+            "reused (the hook skipped or extrapolated the blocks). A CFG step is two passes.",
+            ("method", "outcome"),
+        )
         self.vae_decode_seconds = f.histogram("vae_decode_seconds", "VAE decode per image.", LATENCY_BUCKETS)
         self.encode_seconds = f.histogram("encode_seconds", "Image file encoding per image.", LATENCY_BUCKETS)
         self.request_seconds = f.histogram(

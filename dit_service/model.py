@@ -25,7 +25,7 @@ from diffusers import (
 )
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.diffusion import SIZE_PATTERN
+from shared.diffusion import SIZE_PATTERN, StepCache
 from shared.tensor_codec import ALLOWED_DTYPES
 
 log = logging.getLogger("ardit.dit.model")
@@ -47,6 +47,8 @@ class ModelCard(BaseModel):
     default_size: Annotated[str, Field(pattern=SIZE_PATTERN)] | None = None
     default_num_inference_steps: int | None = None
     default_guidance_scale: float | None = None
+    # The step cache a request gets when it names none (benchmarks/results/step_cache.md decides it).
+    default_step_cache: StepCache | None = None
 
     @classmethod
     def read(cls, model_dir: Path) -> ModelCard:

@@ -4,8 +4,9 @@
 ``__call__``: (1) check the items may share a run, (2) build each job's inputs (conditioning,
 CFG, an edit's latents), (3) denoise each round of images with the step callback (progress,
 previews, stopping an abandoned run), (4) finish each image (decode, paste an edit's unmasked
-pixels back, encode, emit). It is synchronous and meant for a worker thread; result frames go to
-each item's ``emit`` as soon as they exist.
+pixels back, encode, emit). A job's step cache (``step_cache``) is on for its pipeline calls only.
+It is synchronous and meant for a worker thread; result frames go to each item's ``emit`` as soon
+as they exist.
 
 A round is the images denoised by one pipeline call. A job's image ``i`` uses seed ``seed + i`` and
 its own generator, so an image does not depend on how many were asked for; a job with ``n`` images
@@ -41,6 +42,7 @@ from dit_service.render_job import (
     RenderOutcome,
     RenderTimings,
 )
+from dit_service.step_cache import step_cache
 from dit_service.vae_codec import VaeCodec
 from shared.result_frames import ImageFrame, PartialImageFrame, ProgressFrame
 
@@ -182,6 +184,9 @@ class Renderer:
                 pipeline = self.model.new_pipeline(kind)
                 callback.record_start(pipeline)
                 seeds = [item.job.params.seed + image.index for image, item in images]
+                stages.enter_context(
+                    step_cache(self.model.transformer, params.step_cache, self.metrics.step_cache_passes)
+                )
                 latents = pipeline(
                     height=params.height,
                     width=params.width,

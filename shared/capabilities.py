@@ -19,7 +19,7 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from shared.diffusion import MAX_SEED, DiffusionParams, OutputFormat
+from shared.diffusion import MAX_SEED, DiffusionParams, OutputFormat, StepCache, StepCacheMethod
 from shared.errors import InvalidDiffusionParams
 from shared.frame_types import NonNegInt, PosInt, WireModel
 
@@ -34,7 +34,7 @@ def _every_multiple(values: Sequence[int]) -> int:
     return math.lcm(*values)
 
 
-def _in_all(values: Sequence[list[OutputFormat]]) -> list[OutputFormat]:
+def _in_all(values: Sequence[list[Any]]) -> list[Any]:
     return [f for f in values[0] if all(f in v for v in values)]
 
 
@@ -49,6 +49,9 @@ class DiffusionLimits(WireModel):
     # Most rows that may condition one image (the prompt's rows after the template prefix).
     max_conditioning_rows: Annotated[PosInt, TIGHTEST_MAX]
     output_formats: Annotated[list[OutputFormat], _in_all]
+    # The step caches this DiT runs (none where several runs share the transformer); absent from a DiT
+    # that predates them, which then runs none.
+    step_caches: Annotated[list[StepCacheMethod], _in_all] = Field(default_factory=list)
 
     @classmethod
     def common(cls, all_limits: Sequence[DiffusionLimits]) -> DiffusionLimits:
@@ -87,6 +90,12 @@ class DiffusionLimits(WireModel):
             raise InvalidDiffusionParams(
                 f"guidance_scale {guidance} is not within [0, {self.max_guidance_scale}]", param="guidance_scale"
             )
+        if params.step_cache is not None and params.step_cache.method not in self.step_caches:
+            offered = ", ".join(self.step_caches) or "none"
+            raise InvalidDiffusionParams(
+                f"step_cache method {params.step_cache.method!r} is not run here (offered: {offered})",
+                param="step_cache",
+            )
         if params.output_format not in self.output_formats:
             raise InvalidDiffusionParams(
                 f"output_format {params.output_format!r} is not supported here", param="output_format"
@@ -100,6 +109,7 @@ class DiffusionDefaults(WireModel):
     height: PosInt
     num_inference_steps: PosInt
     guidance_scale: Annotated[float, Field(ge=0.0)]
+    step_cache: StepCache | None = None
 
 
 class DitCapacity(WireModel):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated, Literal, TypeVar, get_args
 
 from pydantic import AfterValidator, Field, model_validator
 
@@ -33,6 +33,8 @@ SIZE_PATTERN = f"^{SIZE}$"
 _SIZE = re.compile(SIZE_PATTERN)
 
 
+# TaylorSeer's full passes come at least this often.
+MAX_STEP_CACHE_INTERVAL = 10
 # A custom noise schedule holds one sigma per step, at most this many (whatever a DiT's step limit).
 MAX_SIGMAS = 1000
 Number = TypeVar("Number", bound=float)
@@ -49,6 +51,30 @@ def _schedule(sigmas: list[Number]) -> list[Number]:
 
 # The one shape of a noise schedule; the public API parameterises it with its JSON number type.
 Sigmas = Annotated[list[Number], Field(min_length=1, max_length=MAX_SIGMAS), AfterValidator(_schedule)]
+
+
+class FirstBlockCache(WireModel):
+    """diffusers' First Block Cache (``FirstBlockCacheConfig``): when the first block's residual changed
+    by less than ``threshold`` (relative mean absolute change) since the last full pass, the other
+    blocks are skipped and their cached residual reused. Higher is faster and further from uncached."""
+
+    method: Literal["first_block"]
+    threshold: Annotated[float, Field(gt=0.0, le=1.0)]
+
+
+class TaylorSeerCache(WireModel):
+    """diffusers' TaylorSeer (``TaylorSeerCacheConfig``): a full pass every ``interval`` steps (after the
+    first three); between them each attention's output is extrapolated by a first-order Taylor series."""
+
+    method: Literal["taylorseer"]
+    interval: Annotated[int, Field(ge=2, le=MAX_STEP_CACHE_INTERVAL)]
+
+
+# A step cache skips transformer work between denoising steps, through diffusers' own hooks only.
+# Absent (None): every step runs the whole transformer.
+StepCache = Annotated[FirstBlockCache | TaylorSeerCache, Field(discriminator="method")]
+StepCacheMethod = Literal["first_block", "taylorseer"]
+STEP_CACHE_METHODS: tuple[StepCacheMethod, ...] = get_args(StepCacheMethod)
 
 
 def parse_size(size: str) -> tuple[int, int]:
@@ -76,6 +102,8 @@ class DiffusionParams(WireModel):
     # A custom noise schedule (diffusers' ``sigmas``, before the scheduler's shift), one per step.
     # Absent: the pipeline's own (a linear ramp from 1 to 1/steps).
     sigmas: Sigmas[float] | None = None
+    # Skip transformer work between steps (diffusers' cache hooks); only a method the DiT announced.
+    step_cache: StepCache | None = None
 
     @model_validator(mode="after")
     def _one_sigma_per_step(self) -> DiffusionParams:

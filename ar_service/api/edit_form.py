@@ -91,7 +91,7 @@ async def read_edit_form(request: Request) -> EditForm:
     if mask is not None and len(mask.data) > MAX_MASK_BYTES:
         raise ApiError(400, f"the mask is over {MAX_MASK_BYTES} bytes", param="mask", code="image_too_large")
     try:
-        body = ImageEditRequest.model_validate({name: _typed(name, value) for name, value in fields.items()})
+        body = ImageEditRequest.model_validate({name: _typed((name,), value) for name, value in fields.items()})
     except ValidationError as exc:
         # The same answer as a JSON body's (services/errors.py), e.g. unknown_parameter.
         raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]) from None
@@ -113,12 +113,12 @@ def _put(fields: dict[str, Any], name: str, value: str) -> None:
     target[path[-1]] = value
 
 
-def _typed(name: str, value: Any) -> Any:
-    """A top-level text part as the JSON value its field takes; anything unreadable stays text, for
-    the model to refuse naming the field."""
-    kinds = _json_types().get(name, set())
-    if not isinstance(value, str):
-        return value
+def _typed(path: tuple[str, ...], value: Any) -> Any:
+    """A text part as the JSON value its field takes (a nested one, ``step_cache[threshold]``, by its
+    place in the field's object); anything unreadable stays text, for the model to refuse naming the field."""
+    if isinstance(value, dict):
+        return {key: _typed((*path, key), inner) for key, inner in value.items()}
+    kinds = _json_types().get(path, set())
     if "integer" in kinds and _INTEGER.match(value):
         return int(value.split(".")[0])
     if "number" in kinds:
@@ -132,13 +132,28 @@ def _typed(name: str, value: Any) -> Any:
 
 
 @cache
-def _json_types() -> dict[str, set[str]]:
-    """Each field's JSON types, from the model's own JSON Schema."""
-    properties = ImageEditRequest.model_json_schema()["properties"]
-    return {
-        name: {option.get("type", "object") for option in schema.get("anyOf", [schema])}
-        for name, schema in properties.items()
-    }
+def _json_types() -> dict[tuple[str, ...], set[str]]:
+    """The JSON types of each field and each field of its objects, by path, from the model's own JSON
+    Schema (every option of a union merged)."""
+    schema = ImageEditRequest.model_json_schema()
+    definitions = schema.get("$defs", {})
+    types: dict[tuple[str, ...], set[str]] = {}
+
+    def walk(path: tuple[str, ...], node: dict[str, Any]) -> None:
+        if "$ref" in node:
+            node = definitions[node["$ref"].rsplit("/", 1)[-1]]
+        options = node.get("anyOf") or node.get("oneOf")
+        if options:
+            for option in options:
+                walk(path, option)
+            return
+        types.setdefault(path, set()).add(node.get("type", "object"))
+        for name, child in node.get("properties", {}).items():
+            walk((*path, name), child)
+
+    for name, field in schema["properties"].items():
+        walk((name,), field)
+    return types
 
 
 def edit_form_openapi() -> dict[str, Any]:

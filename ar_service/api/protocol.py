@@ -16,7 +16,18 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictStr
 
-from shared.diffusion import MAX_IMAGES, MAX_PARTIAL_IMAGES, MAX_SEED, SIZE, OutputFormat, Sigmas
+from shared.diffusion import (
+    MAX_IMAGES,
+    MAX_PARTIAL_IMAGES,
+    MAX_SEED,
+    MAX_STEP_CACHE_INTERVAL,
+    SIZE,
+    FirstBlockCache,
+    OutputFormat,
+    Sigmas,
+    StepCache,
+    TaylorSeerCache,
+)
 
 Quality = Literal["auto", "low", "medium", "high", "xhigh", "max", "standard", "hd"]
 # What a request may name: the output formats, and OpenAI's two this model cannot produce.
@@ -64,6 +75,38 @@ class SvgOptions(_Request):
     reasoning: SvgReasoning | None = None
 
 
+class FirstBlockCacheRequest(_Request):
+    """Skip the other blocks while the first block's residual changes by less than ``threshold``."""
+
+    method: Literal["first_block"]
+    threshold: Annotated[Number, Field(gt=0.0, le=1.0)]
+
+    def on_wire(self) -> StepCache:
+        return FirstBlockCache(method=self.method, threshold=float(self.threshold))
+
+
+class TaylorSeerCacheRequest(_Request):
+    """A full transformer pass every ``interval`` steps; attention extrapolated between them."""
+
+    method: Literal["taylorseer"]
+    interval: Annotated[Integer, Field(ge=2, le=MAX_STEP_CACHE_INTERVAL)]
+
+    def on_wire(self) -> StepCache:
+        return TaylorSeerCache(method=self.method, interval=self.interval)
+
+
+class NoStepCacheRequest(_Request):
+    """Every step runs the whole transformer, whatever the model's default."""
+
+    method: Literal["none"]
+
+    def on_wire(self) -> None:
+        return None
+
+
+StepCacheRequest = Annotated[
+    FirstBlockCacheRequest | TaylorSeerCacheRequest | NoStepCacheRequest, Field(discriminator="method")
+]
 _UNUSED = "Accepted and ignored: {}."
 
 
@@ -133,6 +176,13 @@ class ImageRequest(_Request):
     guidance_scale: Annotated[Number, Field(ge=0.0)] | None = Field(
         None,
         description="Classifier-free guidance: above 1 the AR encodes the negative prompt too (default: the DiT's).",
+    )
+    step_cache: StepCacheRequest | None = Field(
+        None,
+        description="Skip transformer work between denoising steps with one of diffusers' cache hooks: "
+        '`{"method": "first_block", "threshold": 0.1}` or `{"method": "taylorseer", "interval": 3}` (methods the '
+        'DiT announces), or `{"method": "none"}`; faster, and further from the uncached picture (default: the '
+        "model card's; see benchmarks/results/step_cache.md).",
     )
     negative_prompt: Annotated[StrictStr, Field(max_length=MAX_PROMPT_CHARS)] | None = Field(
         None,

@@ -29,7 +29,7 @@ from ar_service.prompt_builder import BuiltPrompt, PromptBuilder
 from ar_service.settings import ArSettings
 from services.errors import ApiError
 from shared.capabilities import DitCapabilities
-from shared.diffusion import DiffusionParams, OutputFormat, parse_size
+from shared.diffusion import DiffusionParams, OutputFormat, StepCache, parse_size
 from shared.errors import InvalidDiffusionParams
 from shared.frames import PUBLIC_PARAM, StreamName
 
@@ -199,6 +199,7 @@ class RequestValidator:
             output_compression=body.output_compression,
             partial_images=body.partial_images if body.stream else 0,
             sigmas=body.sigmas,
+            step_cache=_default_step_cache(dit) if body.step_cache is None else body.step_cache.on_wire(),
         )
         dit.limits.check(params)
         return params
@@ -274,3 +275,10 @@ def _invalid(message: str, param: str, code: str = "invalid_value") -> ApiError:
 
 def _too_long(message: str, param: str) -> ApiError:
     return ApiError(400, message, param=param, code="context_length_exceeded")
+
+
+def _default_step_cache(dit: DitCapabilities) -> StepCache | None:
+    """The model card's step cache, where every DiT runs its method: a replica that cannot (several runs
+    at once, or older) would refuse a request that never named one."""
+    default = dit.defaults.step_cache
+    return default if default is not None and default.method in dit.limits.step_caches else None

@@ -333,6 +333,16 @@ SECTIONS = (
                 "s",
                 *p50_p99("ardit_dit_denoise_step_seconds", DIT, "step"),
             ),
+            series(
+                "Step cache",
+                "Transformer passes of runs with a step cache, per second, by method: computed in full, or reused "
+                "(the hook skipped or extrapolated the blocks); the reused share is the cache's saving.",
+                "ops",
+                Query(
+                    f"sum by (method, outcome) (rate(ardit_dit_step_cache_passes_total{{{DIT}}}[{RATE}]))",
+                    "{{method}} {{outcome}}",
+                ),
+            ),
             heatmap(
                 "Image sizes",
                 "Final images by size in pixels (width x height).",

@@ -2,7 +2,7 @@
 
 The test re-encodes these frames and compares byte for byte, so any change to the wire format
 shows up as a failing test. One stream per row dtype (text to image, with CFG), and one image edit
-(open.edit, the image and mask pixels frames). Regenerate only on purpose (a schema change), with:
+(open.edit, the image and mask pixels frames, and a step cache). Regenerate only on purpose (a schema change), with:
 
     python -m tests.contract.golden_frames --write
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from shared.diffusion import DiffusionParams
+from shared.diffusion import DiffusionParams, FirstBlockCache
 from shared.frame_types import Buffer
 from shared.frames import EditSpec, OpenFrame, StreamSpec
 from shared.handoff_encoder import HandoffEncoder
@@ -87,7 +87,12 @@ def golden_edit_stream() -> list[list[Buffer]]:
         final_norm=True,
         streams={"cond": StreamSpec(prompt_tokens=3, max_rows=3, prefix_tokens=1)},
         diffusion=DiffusionParams(
-            width=EDIT_WIDTH, height=EDIT_HEIGHT, num_inference_steps=4, guidance_scale=1.0, seed=7
+            width=EDIT_WIDTH,
+            height=EDIT_HEIGHT,
+            num_inference_steps=4,
+            guidance_scale=1.0,
+            seed=7,
+            step_cache=FirstBlockCache(method="first_block", threshold=0.125),
         ),
         edit=EditSpec(strength=0.5, mask=True),
     )

@@ -10,6 +10,7 @@ import torch
 from dit_service.capabilities import dit_capabilities
 from dit_service.model import ModelCard, ModelFacts
 from dit_service.settings import DitSettings
+from shared.diffusion import FirstBlockCache
 
 FACTS = ModelFacts(
     joint_attention_dim=576, size_multiple=16, min_inference_steps=2, dtype=torch.float32, device=torch.device("cpu")
@@ -49,3 +50,12 @@ def test_defaults_follow_settings_then_the_model_card_then_the_fallback():
 def test_defaults_the_limits_forbid_fail_the_load(settings):
     with pytest.raises(ValueError):
         dit_capabilities(settings, model())
+
+
+def test_step_caches_are_offered_and_the_cards_default_announced_only_with_one_run_at_a_time():
+    card = ModelCard(default_step_cache={"method": "first_block", "threshold": 0.1})
+    one_run = dit_capabilities(DitSettings(), model(card))
+    assert one_run.limits.step_caches == ["first_block", "taylorseer"]
+    assert one_run.defaults.step_cache == FirstBlockCache(method="first_block", threshold=0.1)
+    two_runs = dit_capabilities(DitSettings(max_pipeline_runs=2), model(card))
+    assert (two_runs.limits.step_caches, two_runs.defaults.step_cache) == ([], None)

@@ -17,6 +17,7 @@ import concurrent.futures
 import io
 import threading
 import time
+from typing import Any
 
 import httpx
 import numpy as np
@@ -104,6 +105,15 @@ def test_edit_one_image_returns_an_image_of_its_size(client):
     assert len(result.data) == 1 and pixels_of(result.data[0].b64_json).shape == (SIZE, SIZE, 3)
     assert result.size == f"{SIZE}x{SIZE}" and result.output_format == "png"
     assert result.usage.input_tokens > 0
+
+
+def test_an_edit_form_carries_a_step_cache_to_the_dit(client):
+    def edit(step_cache: dict[str, Any]) -> str | None:
+        extra = {"seed": 1, "strength": 1.0, "num_inference_steps": 6, "step_cache": step_cache}
+        return client.images.edit(image=input_png(), prompt="make it a sunset", extra_body=extra).data[0].b64_json
+
+    uncached = edit({"method": "none"})
+    assert edit({"method": "taylorseer", "interval": 2}) != uncached
 
 
 def test_image_list_of_one_is_the_same_edit(client):

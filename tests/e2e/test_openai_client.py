@@ -14,6 +14,7 @@ from openai import OpenAI
 from PIL import Image
 
 from tests.conftest import API_KEY, OTHER_API_KEY
+from tests.e2e.metrics_text import sample
 
 pytestmark = pytest.mark.slow
 
@@ -69,6 +70,28 @@ def test_a_custom_noise_schedule_changes_the_picture_and_a_bad_one_is_a_400(clie
         run(sigmas=[0.4, 1.0])
     refusal = info.value.body
     assert isinstance(refusal, dict) and refusal["param"] == "sigmas"
+
+
+def reused_passes(stack, method: str) -> float:
+    try:
+        return sample(stack.dit.url, "ardit_dit_step_cache_passes_total", method=method, outcome="reused")
+    except KeyError:  # no run with this method yet
+        return 0.0
+
+
+def test_a_step_cache_skips_work_in_the_dit_and_one_outside_its_bounds_is_a_400(client, stack):
+    def run(step_cache: dict[str, Any]) -> str | None:
+        extra = {"seed": 5, "num_inference_steps": 6, "step_cache": step_cache}
+        return client.images.generate(prompt="a lighthouse at dusk", size="64x64", extra_body=extra).data[0].b64_json
+
+    before = reused_passes(stack, "taylorseer")
+    uncached = run({"method": "none"})
+    assert run({"method": "taylorseer", "interval": 2}) != uncached
+    assert reused_passes(stack, "taylorseer") > before
+    with pytest.raises(openai.BadRequestError) as info:
+        run({"method": "first_block", "threshold": 2})
+    refusal = info.value.body
+    assert isinstance(refusal, dict) and refusal["param"].startswith("step_cache")
 
 
 def test_extras_take_effect(client):

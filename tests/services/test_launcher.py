@@ -38,7 +38,7 @@ def test_a_service_that_keeps_crashing_makes_the_launcher_give_up(monkeypatch, c
 
 
 def test_a_cpu_dit_gets_half_the_cores_unless_told(monkeypatch):
-    monkeypatch.setattr(launcher.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
     monkeypatch.delenv("ARDIT_DIT_TORCH_THREADS", raising=False)
     monkeypatch.delenv("ARDIT_DIT_DEVICE", raising=False)
     assert launcher.service_environment()["ARDIT_DIT_TORCH_THREADS"] == "2"
@@ -50,5 +50,5 @@ def test_a_cpu_dit_gets_half_the_cores_unless_told(monkeypatch):
 
 
 def test_one_core_still_gets_one_thread(monkeypatch):
-    monkeypatch.setattr(launcher.os, "sched_getaffinity", lambda pid: {0})
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
     assert launcher.dit_torch_threads() == 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from shared.capabilities import DiffusionLimits, DitCapabilities
-from shared.diffusion import MAX_SEED, DiffusionParams
+from shared.diffusion import MAX_SEED, DiffusionParams, FirstBlockCache, TaylorSeerCache
 from shared.errors import InvalidDiffusionParams
 from tests.support.capabilities import DIT
 
@@ -29,6 +29,7 @@ def test_the_common_limits_are_what_every_dit_can_do_each_field_by_its_own_rule(
             "max_images": 1,
             "max_conditioning_rows": 128,
             "output_formats": ["jpeg", "webp"],
+            "step_caches": ["taylorseer"],
         }
     )
     common = DiffusionLimits.common([LIMITS, other])
@@ -41,6 +42,7 @@ def test_the_common_limits_are_what_every_dit_can_do_each_field_by_its_own_rule(
         max_images=1,
         max_conditioning_rows=64,
         output_formats=["jpeg"],
+        step_caches=["taylorseer"],
     )
 
 
@@ -85,3 +87,19 @@ def test_a_custom_schedule_is_checked_against_the_step_limits_naming_sigmas():
         LIMITS.check(params(num_inference_steps=1, sigmas=[0.5]))
     assert refused.value.param == "sigmas"
     LIMITS.check(params(num_inference_steps=3, sigmas=[1.0, 0.6, 0.2]))
+
+
+def test_a_step_cache_the_dit_does_not_run_is_refused_naming_step_cache():
+    taylorseer = TaylorSeerCache(method="taylorseer", interval=3)
+    LIMITS.check(params(step_cache=taylorseer))
+    only_first_block = LIMITS.model_copy(update={"step_caches": ["first_block"]})
+    only_first_block.check(params(step_cache=FirstBlockCache(method="first_block", threshold=0.1)))
+    with pytest.raises(InvalidDiffusionParams) as info:
+        only_first_block.check(params(step_cache=taylorseer))
+    assert info.value.param == "step_cache" and "first_block" in str(info.value)
+
+
+def test_a_dit_that_predates_step_caches_announces_none():
+    announced = LIMITS.model_dump(mode="json")
+    del announced["step_caches"]
+    assert DiffusionLimits.model_validate(announced).step_caches == []

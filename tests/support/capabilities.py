@@ -18,6 +18,7 @@ DIT = DitCapabilities(
         max_images=4,
         max_conditioning_rows=64,
         output_formats=["png", "jpeg"],
+        step_caches=["first_block", "taylorseer"],
     ),
     defaults=DiffusionDefaults(width=64, height=48, num_inference_steps=12, guidance_scale=1.0),
     capacity=DitCapacity(max_concurrent_handoffs=8, max_pipeline_runs=1, pipeline_queue_size=4),

@@ -89,6 +89,7 @@ def test_every_field_arrives_typed(client):
             "negative_prompt": "blur",
             "max_new_tokens": 2,
             "cache_salt": "c",
+            "step_cache": {"method": "first_block", "threshold": 0.25},
         },
     )["request"]
     assert body == {
@@ -115,6 +116,7 @@ def test_every_field_arrives_typed(client):
         "negative_prompt": "blur",
         "max_new_tokens": 2,
         "cache_salt": "c",
+        "step_cache": {"method": "first_block", "threshold": 0.25},
     }
 
 
@@ -135,6 +137,13 @@ def test_one_image_or_a_list_and_a_mask(client):
         ({"extra_body": {"strength": "1.5"}}, "strength", "invalid_value"),
         ({"extra_body": {"strength": "nan"}}, "strength", "invalid_value"),
         ({"input_fidelity": "max"}, "input_fidelity", "invalid_value"),
+        # The union's tag is in the name: which method's field it is.
+        (
+            {"extra_body": {"step_cache": {"method": "taylorseer", "interval": 1}}},
+            "step_cache.taylorseer.interval",
+            "invalid_value",
+        ),
+        ({"extra_body": {"step_cache": {"method": "teacache"}}}, "step_cache", "invalid_value"),
         ({"size": "huge"}, "size", "invalid_value"),
         ({"image": [PNG] * (MAX_IMAGES + 1)}, "image", "invalid_value"),
         ({"markup": PNG}, "markup", "unsupported_value"),

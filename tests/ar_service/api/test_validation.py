@@ -24,6 +24,7 @@ from ar_service.input_images import EditMemory
 from ar_service.prompt_builder import PromptBuilder
 from ar_service.settings import ArSettings
 from services.errors import ApiError
+from shared.diffusion import FirstBlockCache, StepCache, TaylorSeerCache
 from tests.conftest import require_checkpoint
 from tests.support.capabilities import DIT
 
@@ -149,6 +150,59 @@ def test_a_schedule_the_dit_cannot_run_is_refused_naming_sigmas(translate, body)
 def test_a_schedule_that_makes_no_sense_is_refused_by_the_model(sigmas):
     with pytest.raises(ValidationError):
         ImageGenerationRequest.model_validate({"prompt": "x", "sigmas": sigmas})
+
+
+def test_the_dits_default_step_cache_travels_unless_the_request_names_one_or_none(validator):
+    default = FirstBlockCache(method="first_block", threshold=0.1)
+    dit = DIT.model_copy(update={"defaults": DIT.defaults.model_copy(update={"step_cache": default})})
+
+    def step_cache(**body: Any) -> StepCache | None:
+        request = ImageGenerationRequest.model_validate({"prompt": "a red circle", **body})
+        return validator.generation(request, "req_1", 0.0, dit).generation.diffusion.step_cache
+
+    assert step_cache() == default
+    assert step_cache(step_cache={"method": "none"}) is None
+    asked = step_cache(step_cache={"method": "taylorseer", "interval": 3})
+    assert asked == TaylorSeerCache(method="taylorseer", interval=3)
+
+
+def test_a_default_step_cache_some_dit_cannot_run_is_left_off_rather_than_refused(validator):
+    default = FirstBlockCache(method="first_block", threshold=0.1)
+    dit = DIT.model_copy(
+        update={
+            "defaults": DIT.defaults.model_copy(update={"step_cache": default}),
+            "limits": DIT.limits.model_copy(update={"step_caches": ["taylorseer"]}),
+        }
+    )
+    request = ImageGenerationRequest.model_validate({"prompt": "a red circle"})
+    assert validator.generation(request, "req_1", 0.0, dit).generation.diffusion.step_cache is None
+
+
+def test_a_step_cache_the_dit_does_not_offer_is_refused_naming_step_cache(validator):
+    dit = DIT.model_copy(update={"limits": DIT.limits.model_copy(update={"step_caches": []})})
+    request = ImageGenerationRequest.model_validate(
+        {"prompt": "a red circle", "step_cache": {"method": "first_block", "threshold": 0.1}}
+    )
+    with pytest.raises(ApiError) as info:
+        validator.generation(request, "req_1", 0.0, dit)
+    assert (info.value.status, info.value.param) == (400, "step_cache")
+
+
+@pytest.mark.parametrize(
+    "step_cache",
+    [
+        {"method": "first_block", "threshold": 0},
+        {"method": "first_block", "threshold": 1.5},
+        {"method": "taylorseer", "interval": 11},
+        {"method": "taylorseer", "interval": 2.5},
+        {"method": "first_block"},
+        {"method": "teacache"},
+        {"method": "none", "threshold": 0.1},
+    ],
+)
+def test_a_step_cache_outside_its_shape_is_refused_by_the_model(step_cache):
+    with pytest.raises(ValidationError):
+        ImageGenerationRequest.model_validate({"prompt": "a red circle", "step_cache": step_cache})
 
 
 def test_a_prompt_over_the_dits_conditioning_rows_is_refused_before_any_work(translate):
