@@ -50,24 +50,36 @@ class BodyFrame:
 
 @dataclass(frozen=True)
 class ArTimings:
-    """Seconds from the HTTP request's arrival, from the ``cond`` stream's finished event."""
+    """Seconds from the HTTP request's arrival, from the ``cond`` stream's finished event; and, with
+    CFG, how long after it the negative prompt's run finished (the handoff cannot close before both:
+    the engine picks up a request that arrives during another's prefill only at its next step)."""
 
     queue: float
     ttft: float
     decode: float
     ar_total: float
+    negative_tail: float
 
     @classmethod
-    def of(cls, received_at: float, cond: FinishedEvent) -> ArTimings:
+    def of(cls, received_at: float, finished: Mapping[StreamName, FinishedEvent]) -> ArTimings:
+        cond = finished["cond"]
+        last = max(f.finished_at for f in finished.values())
         return cls(
             queue=max(0.0, cond.submitted_at - received_at),
             ttft=max(0.0, cond.first_token_at - received_at),
             decode=max(0.0, cond.finished_at - cond.first_token_at),
             ar_total=max(0.0, cond.finished_at - received_at),
+            negative_tail=max(0.0, last - cond.finished_at),
         )
 
     def as_dict(self) -> dict[str, float]:
-        return {"queue": self.queue, "ttft": self.ttft, "decode": self.decode, "ar_total": self.ar_total}
+        return {
+            "queue": self.queue,
+            "ttft": self.ttft,
+            "decode": self.decode,
+            "ar_total": self.ar_total,
+            "negative_tail": self.negative_tail,
+        }
 
 
 class HandoffBody:
@@ -142,7 +154,7 @@ class HandoffBody:
             answer_start_index={name: f.prompt_tokens for name, f in finished.items()},
             cached_tokens=sum(f.cached_tokens for f in finished.values()),
             cache_creation_tokens=sum(f.cache_creation_tokens for f in finished.values()),
-            timings=ArTimings.of(self._received_at, finished["cond"]).as_dict(),
+            timings=ArTimings.of(self._received_at, finished).as_dict(),
         )
         # The handoff tail starts when the engine was done with its last rows, whether they already
         # went out, are still being written (all rows at once: encoder mode), or were held.

@@ -192,7 +192,7 @@ class ImageGenerator:
             cached_tokens=sum(f.cached_tokens for f in finished),
             cache_creation_tokens=sum(f.cache_creation_tokens for f in finished),
         )
-        ar = ArTimings.of(request.received_at, cond)
+        ar = ArTimings.of(request.received_at, report.finished)
         m = self.metrics
         m.handoff_sent_bytes.inc(report.bytes_sent)
         m.handoff_sent_frames.inc(report.frames_sent)

@@ -210,9 +210,12 @@ def overhead(samples: list[dict]) -> dict:
         st = s["stages"]
         ar_compute = st["ar_total"] - st["queue"]
         dit_compute = sum(st.get(f"dit_{k}", 0.0) for k in ("denoise", "previews", "vae_decode", "encode"))
-        staged = st["ar_total"] + st["handoff_tail"] + st["dit_queue"] + dit_compute
+        # With CFG the handoff also waits for the negative prompt's engine run (``negative_tail``).
+        negative = st.get("negative_tail", 0.0)
+        staged = st["ar_total"] + negative + st["handoff_tail"] + st["dit_queue"] + dit_compute
         split = {
             "AR engine (compute)": ar_compute,
+            "AR engine, the negative prompt's run after the prompt's (CFG)": negative,
             "DiT denoise + VAE + encode (compute)": dit_compute,
             "AR before the engine (HTTP, admission, template)": st["queue"],
             "handoff tail (AR's last row -> DiT holds the rows)": st["handoff_tail"],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncGenerator
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 from ar_service.engine.hidden_state_engine import EngineEvent, FinishedEvent, RowsEvent
-from ar_service.handoff_body import BodyFrame, HandoffBody, coalesced
+from ar_service.handoff_body import ArTimings, BodyFrame, HandoffBody, coalesced
 from shared.diffusion import DiffusionParams
 from shared.frames import OpenFrame, StreamName, StreamSpec
 from shared.handoff_assembler import AssembledHandoff, HandoffReceiver
@@ -94,7 +95,8 @@ def test_a_body_is_open_rows_close_and_assembles(overlap, frame_count):
     assert cond.token_ids == [5, 6, 7, 8] and cond.rows[:, 0].tolist() == [0.0, 1.0, 2.0]
     assert len(frames) == frame_count
     assert [f.kind for f in frames] == ["open", *["rows"] * (frame_count - 2), "close"]
-    assert handoff.close.timings == {"queue": 0.5, "ttft": 1.5, "decode": 1.0, "ar_total": 2.5}
+    timings = {"queue": 0.5, "ttft": 1.5, "decode": 1.0, "ar_total": 2.5, "negative_tail": 0.0}
+    assert handoff.close.timings == timings
     report = frames[-1].engine
     assert report is not None and report.finished["cond"].token_ids == [5, 6, 7, 8] and report.last_row_at > 0
     assert all(f.engine is None for f in frames[:-1])
@@ -232,3 +234,10 @@ def test_the_tail_starts_when_the_last_rows_come_out_of_the_engine_not_when_they
 
     first_sent, last_row_at = asyncio.run(scenario())
     assert last_row_at < first_sent
+
+
+def test_with_cfg_the_timings_say_how_long_after_the_prompt_the_negative_prompts_run_finished():
+    cond, uncond = finished([5, 6, 7]), finished([9, 10])
+    later = dataclasses.replace(uncond, finished_at=cond.finished_at + 0.25)
+    assert ArTimings.of(0.5, {"cond": cond, "uncond": later}).negative_tail == 0.25
+    assert ArTimings.of(0.5, {"cond": cond, "uncond": uncond}).negative_tail == 0.0
