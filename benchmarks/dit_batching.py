@@ -53,7 +53,7 @@ def start(model: Path, batch: int, window_ms: float, queue: int) -> tuple[subpro
         ARDIT_DIT_PIPELINE_QUEUE_SIZE=str(queue),
         ARDIT_DIT_LOG_LEVEL="WARNING",
     )
-    process = subprocess.Popen([sys.executable, "-m", "dit_service"], env=env, stdout=subprocess.DEVNULL)
+    process = paired.child([sys.executable, "-m", "dit_service"], env=env, stdout=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
     while True:

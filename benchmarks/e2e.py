@@ -20,7 +20,6 @@ import json
 import os
 import platform
 import secrets
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,6 +27,7 @@ import time
 from pathlib import Path
 
 import httpx
+import paired
 import psutil
 from PIL import Image, ImageDraw
 
@@ -38,14 +38,8 @@ SHORT = "a red fox standing in fresh snow at sunrise, soft light"
 LONG = ", ".join(["a detailed harbour scene with fishing boats, gulls, nets, ropes and old stone walls"] * 50)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_pair(overlap_handoff: bool) -> tuple[list[subprocess.Popen], str, str]:
-    ar_port, dit_port = free_port(), free_port()
+    ar_port, dit_port = paired.free_port(), paired.free_port()
     admin = secrets.token_hex(8)
     env = dict(
         os.environ,
@@ -61,7 +55,7 @@ def start_pair(overlap_handoff: bool) -> tuple[list[subprocess.Popen], str, str]
         ARDIT_DIT_LOG_LEVEL="WARNING",
     )
     procs = [
-        subprocess.Popen([sys.executable, "-m", m], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        paired.child([sys.executable, "-m", m], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for m in ("dit_service", "ar_service")
     ]
     url = f"http://127.0.0.1:{ar_port}"

@@ -33,7 +33,6 @@ import asyncio
 import contextlib
 import json
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -291,9 +290,7 @@ def main() -> None:
         return
     torch.set_num_threads(1)
     http_port, raw_port = paired.free_port(), paired.free_port()
-    receiver = subprocess.Popen(
-        [sys.executable, __file__, "--receiver", str(http_port), str(raw_port)],
-    )
+    receiver = paired.child([sys.executable, __file__, "--receiver", str(http_port), str(raw_port)])
     report: dict = {
         "command": f"python benchmarks/handoff_http.py --reps {args.reps}",
         "machine": paired.machine(),

@@ -98,7 +98,7 @@ def main() -> None:
         ARDIT_DIT_LOG_LEVEL="WARNING",
     )
     url = f"http://127.0.0.1:{ar_port}"
-    launcher = subprocess.Popen([sys.executable, "-m", "services.launcher"], env=env, stdout=subprocess.DEVNULL)
+    launcher = paired.child([sys.executable, "-m", "services.launcher"], env=env, stdout=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 900
         while not _ready(url):

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import os
 import platform
+import signal
 import socket
 import statistics
+import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import psutil
 import torch
@@ -25,6 +28,15 @@ def use_this_checkout() -> None:
     """Import ar_service/dit_service/shared from this checkout, not from an installed copy."""
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
+
+
+def child(args: list[str], **popen: Any) -> subprocess.Popen[bytes]:
+    """A process a benchmark starts (a service, a receiver) that gets SIGTERM when the benchmark dies,
+    however it dies: a benchmark stopped mid-run leaves no AR, DiT or engine behind."""
+    use_this_checkout()
+    from services.lifetime import die_with_parent
+
+    return subprocess.Popen(args, preexec_fn=lambda: die_with_parent(signal.SIGTERM), **popen)
 
 
 def free_port() -> int:

@@ -143,7 +143,7 @@ def start_ardit() -> Server:
         "ARDIT_AR_LOG_LEVEL": "WARNING",
         "ARDIT_DIT_LOG_LEVEL": "WARNING",
     }
-    process = subprocess.Popen(
+    process = paired.child(
         [sys.executable, "-m", "services.launcher"], env=env, cwd=paired.REPO, stdout=subprocess.DEVNULL
     )
     return Server("ardit", f"http://127.0.0.1:{ar_port}", process)
@@ -151,7 +151,7 @@ def start_ardit() -> Server:
 
 def start_peer() -> Server:
     port = paired.free_port()
-    process = subprocess.Popen(
+    process = paired.child(
         [sys.executable, str(Path(__file__).with_name("peer_server.py")), "--port", str(port)],
         cwd=paired.REPO,
         stdout=subprocess.DEVNULL,
