@@ -25,13 +25,14 @@ from prometheus_client import Counter
 from shared.diffusion import FirstBlockCache, StepCache, TaylorSeerCache
 
 
-def hook_config(cache: StepCache) -> FirstBlockCacheConfig | TaylorSeerCacheConfig:
+def hook_config(cache: StepCache, dtype: torch.dtype) -> FirstBlockCacheConfig | TaylorSeerCacheConfig:
     match cache:
         case FirstBlockCache(threshold=threshold):
             return FirstBlockCacheConfig(threshold=threshold)
         case TaylorSeerCache(interval=interval):
-            # Factors in float32: the default bfloat16 loses the extrapolation on CPU's float32 weights.
-            return TaylorSeerCacheConfig(cache_interval=interval, taylor_factors_dtype=torch.float32)
+            # Factors in the transformer's own dtype (diffusers defaults to bfloat16): a float32 model's
+            # extrapolation is then not rounded to bfloat16.
+            return TaylorSeerCacheConfig(cache_interval=interval, taylor_factors_dtype=dtype)
 
 
 @contextmanager
@@ -44,7 +45,7 @@ def step_cache(transformer: Any, cache: StepCache | None, passes: Counter) -> It
     computed = [0, 0]  # [transformer passes, of which the last block computed its attention]
     probe = transformer.transformer_blocks[-1].attn.to_q.register_forward_hook(lambda *_: _add(computed, 1))
     count = transformer.register_forward_pre_hook(lambda *_: _add(computed, 0))
-    transformer.enable_cache(hook_config(cache))
+    transformer.enable_cache(hook_config(cache, transformer.dtype))
     try:
         yield
     finally:

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+from typing import get_args
+
 import pytest
 from pydantic import ValidationError
 
-from shared.diffusion import MAX_SIGMAS, DiffusionParams, parse_size
+from shared.diffusion import (
+    MAX_SIGMAS,
+    STEP_CACHE_METHODS,
+    DiffusionParams,
+    FirstBlockCache,
+    TaylorSeerCache,
+    parse_size,
+)
 
 
 def params(**overrides) -> DiffusionParams:
@@ -38,3 +47,15 @@ def test_a_custom_schedule_has_one_strictly_decreasing_noise_level_in_0_1_per_st
 
 def test_without_a_schedule_the_wire_has_no_sigmas_key():
     assert "sigmas" not in params().model_dump(exclude_none=True)
+
+
+def test_the_step_cache_methods_are_the_methods_of_the_step_cache_models():
+    methods = {get_args(model.model_fields["method"].annotation)[0] for model in (FirstBlockCache, TaylorSeerCache)}
+    assert set(STEP_CACHE_METHODS) == methods
+
+
+def test_a_step_cache_travels_by_its_method_and_its_knob():
+    base = {"width": 64, "height": 64, "num_inference_steps": 8, "guidance_scale": 1.0, "seed": 0}
+    params = DiffusionParams.model_validate({**base, "step_cache": {"method": "taylorseer", "interval": 3}})
+    assert params.step_cache == TaylorSeerCache(method="taylorseer", interval=3)
+    assert "step_cache" not in DiffusionParams.model_validate(base).model_dump(exclude_none=True)
