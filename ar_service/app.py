@@ -29,6 +29,7 @@ from ar_service.image_generation import ImageGenerator
 from ar_service.image_store import IMAGE_NAME, image_store
 from ar_service.input_images import EditMemory
 from ar_service.metrics import ArMetrics
+from ar_service.negative_rows import NegativeRows
 from ar_service.prompt_builder import PromptBuilder
 from ar_service.readiness import ArReadiness
 from ar_service.settings import ArSettings
@@ -66,7 +67,7 @@ def create_ar_app(settings: ArSettings) -> FastAPI:
         settings.image_store_url, settings.image_store_size, settings.image_store_bytes, settings.image_ttl_seconds
     )
     drain = Drain(settings.drain_seconds)
-    generator = ImageGenerator(settings, engine, prompts, dits, metrics)
+    generator = ImageGenerator(settings, engine, prompts, dits, metrics, NegativeRows(settings.negative_rows_bytes))
     validator = RequestValidator(settings, prompts, EditMemory(settings.max_edit_memory_bytes))
     serving = ImageServing(settings, readiness, validator, admission, generator, store, metrics, drain)
 

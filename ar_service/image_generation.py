@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Coroutine, Mapping
+from collections.abc import AsyncGenerator, Coroutine, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -23,12 +23,13 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from ar_service.dit_pool import ReservedDit
-from ar_service.engine.hidden_state_engine import EngineRequest, EngineUnavailable, HiddenStateEngine
+from ar_service.engine.hidden_state_engine import EngineEvent, EngineRequest, EngineUnavailable, HiddenStateEngine
 from ar_service.engine.row_channel import RowQueueOverflow
 from ar_service.handoff_body import ArTimings, HandoffBody
 from ar_service.handoff_client import HandoffFailed, HandoffResult, PartialImageSink
 from ar_service.input_images import EditPixels
 from ar_service.metrics import ROW_BUFFER_OVERFLOW, ArMetrics
+from ar_service.negative_rows import NegativeRows
 from ar_service.prompt_builder import BuiltPrompt, PromptBuilder
 from ar_service.settings import ArSettings
 from services.tracing import current_traceparent
@@ -107,6 +108,7 @@ class ImageGenerator:
     prompts: PromptBuilder
     dits: DiTs
     metrics: ArMetrics
+    negative_rows: NegativeRows
 
     async def generate(
         self, request: GenerationRequest, on_partial_image: PartialImageSink | None = None
@@ -153,13 +155,17 @@ class ImageGenerator:
         async with self.dits.reserve(request.request_id) as dit:
             body = HandoffBody(
                 HandoffEncoder(self._open_frame(request, engine_requests)),
-                {name: self.engine.run(r) for name, r in engine_requests.items()},
+                {name: self._run(name, r) for name, r in engine_requests.items()},
                 overlap=self.settings.overlap_handoff,
                 received_at=request.received_at,
                 pixels=request.edit.take_frames() if request.edit is not None else {},
             )
             async with body:
                 return await dit.exchange(body, on_partial_image)
+
+    def _run(self, name: StreamName, request: EngineRequest) -> AsyncGenerator[EngineEvent, None]:
+        """The stream's engine run; a negative prompt's may be replayed from ``negative_rows``."""
+        return self.negative_rows.run(self.engine, request) if name == "uncond" else self.engine.run(request)
 
     def _open_frame(self, request: GenerationRequest, engine_requests: Mapping[StreamName, EngineRequest]) -> OpenFrame:
         return OpenFrame(

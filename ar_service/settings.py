@@ -82,6 +82,11 @@ class ArSettings(BaseSettings):
         256 << 20, description="Rows a request may have waiting for the DiT before it is aborted."
     )
     row_timeout_seconds: Seconds = Field(300.0, description="Longest wait for the next rows from the engine.")
+    negative_rows_bytes: NonNegative = Field(
+        16 << 20,
+        description="Rows of recent negative prompts kept so a repeat needs no engine run (CFG's negative side "
+        "would otherwise wait for the engine step after the prompt's); 0 keeps none.",
+    )
     overlap_handoff: bool = Field(True, description="Send rows while decoding (off: after the AR finishes).")
     dit_url: str = Field(
         "http://127.0.0.1:8001",

@@ -19,7 +19,7 @@ from dit_service import __version__
 from dit_service.settings import DitSettings
 from services.app_metrics import AppMetrics
 from services.metrics import LATENCY_BUCKETS, PIXEL_BUCKETS, Families
-from shared.diffusion import OutputFormat
+from shared.diffusion import STEP_CACHE_METHODS, OutputFormat
 from shared.errors import HandoffError
 
 # A sender that goes away mid-handoff is a failure of its own kind (no HandoffError says so).
@@ -84,6 +84,9 @@ class DitMetrics:
             "reused (the hook skipped or extrapolated the blocks). A CFG step is two passes.",
             ("method", "outcome"),
         )
+        for method in STEP_CACHE_METHODS:  # every series exists from the start: a rate of 0, not no data
+            for outcome in ("computed", "reused"):
+                self.step_cache_passes.labels(method, outcome)
         self.vae_decode_seconds = f.histogram("vae_decode_seconds", "VAE decode per image.", LATENCY_BUCKETS)
         self.encode_seconds = f.histogram("encode_seconds", "Image file encoding per image.", LATENCY_BUCKETS)
         self.request_seconds = f.histogram(

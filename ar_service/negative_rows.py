@@ -1,0 +1,82 @@
+"""The rows of recent negative prompts, kept so that a repeat needs no engine run.
+
+With CFG the handoff waits for the negative prompt's rows as well as the prompt's. The two are sent to
+the engine together, but vLLM's engine core starts a step as soon as the first arrives, so the negative
+prompt joins only the next step, after the prompt's prefill: 45-74 ms more per request on 2 cores with
+the demo model (benchmarks/results/README.md, "Serving overhead"). Most requests share their negative
+prompt (the default ``" "``), and its run only encodes (one step, greedy, no sampling), so its rows are
+a function of its token ids: the first run's events are kept and replayed for a repeat.
+
+Kept per (cache salt, token ids): the salt carries the tenant, so one tenant's negative prompts are never
+another's hits (the same rule as the prefix cache). Bounded by bytes, least recently used first out; an
+entry is kept only once its run finished. A replay reports every prompt token as cached and its times as
+the replay's own.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import AsyncGenerator
+from dataclasses import replace
+
+from ar_service.engine.hidden_state_engine import (
+    EngineEvent,
+    EngineRequest,
+    FinishedEvent,
+    HiddenStateEngine,
+    RowsEvent,
+)
+
+_Key = tuple[str | None, tuple[int, ...]]
+
+
+class NegativeRows:
+    def __init__(self, max_bytes: int) -> None:
+        self._max_bytes = max_bytes
+        self._kept: OrderedDict[_Key, tuple[list[RowsEvent], FinishedEvent, int]] = OrderedDict()
+        self._bytes = 0
+
+    @property
+    def held_bytes(self) -> int:
+        return self._bytes
+
+    async def run(self, engine: HiddenStateEngine, request: EngineRequest) -> AsyncGenerator[EngineEvent, None]:
+        """``engine.run(request)``'s events: replayed when this negative prompt's run was kept, else the
+        engine's, kept when the run finishes."""
+        if request.max_new_tokens != 1 or request.temperature != 0.0:
+            raise ValueError("only a negative prompt's encode-only run is kept")
+        key = (request.cache_salt, tuple(request.prompt_token_ids))
+        kept = self._kept.get(key)
+        if kept is not None:
+            self._kept.move_to_end(key)
+            rows, finished, _ = kept
+            for kept_rows in rows:
+                yield kept_rows
+            now = time.perf_counter()
+            yield replace(
+                finished,
+                cached_tokens=finished.prompt_tokens,
+                cache_creation_tokens=0,
+                submitted_at=now,
+                first_token_at=now,
+                finished_at=now,
+            )
+            return
+        seen: list[RowsEvent] = []
+        async for event in engine.run(request):
+            if isinstance(event, RowsEvent):
+                seen.append(event)
+            else:
+                self._keep(key, seen, event)
+            yield event
+
+    def _keep(self, key: _Key, rows: list[RowsEvent], finished: FinishedEvent) -> None:
+        size = sum(event.rows.nelement() * event.rows.element_size() for event in rows)
+        if size > self._max_bytes or key in self._kept:
+            return
+        self._kept[key] = (rows, finished, size)
+        self._bytes += size
+        while self._bytes > self._max_bytes:
+            _, (_, _, evicted) = self._kept.popitem(last=False)
+            self._bytes -= evicted
