@@ -27,11 +27,7 @@ class DitSettings(BaseSettings):
     )
     device: Literal["cpu", "cuda"] = Field("cpu", description="Where the pipeline runs.")
     dtype: TorchDtypeName | None = Field(None, description="Model dtype; default float32 on CPU, bfloat16 on CUDA.")
-    torch_threads: Positive | None = Field(
-        None,
-        description="torch intra-op threads (None: torch's default, every core; `make run` sets half the cores on "
-        "CPU, where the AR's engine shares them).",
-    )
+    torch_threads: Positive | None = Field(None, description="torch intra-op threads (None: torch's default).")
     expected_model: str | None = Field(
         None, description="If set, the AR model tag every handoff's open.model must equal (else 4xx)."
     )

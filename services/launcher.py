@@ -31,23 +31,9 @@ BACKOFF_SECONDS = (1.0, 30.0)  # first restart delay, longest
 POLL_SECONDS = 0.5
 
 
-def dit_torch_threads() -> int:
-    """The DiT's torch threads on a CPU host it shares with the AR: half the cores this process may use.
-
-    The AR's vLLM CPU worker keeps a core busy for a second after every engine step (its shared-memory
-    queue busy-polls, ``SpinCondition.busy_loop_s`` in vLLM 0.32) and its OMP threads take the cores
-    while it decodes; a DiT whose OMP team spans every core then waits at each barrier for a thread
-    that has no core. Measured on 2 cores with the demo model at its defaults: 2 DiT threads denoise
-    in 1.2 s, 1 thread in 0.3 s; 98 against 42 images/min at c=1 and 104 against 45 at c=4.
-    """
-    return max(1, len(os.sched_getaffinity(0)) // 2)
-
-
 def service_environment() -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("ARDIT_HANDOFF_TOKEN", secrets.token_urlsafe(24))
-    if env.get("ARDIT_DIT_DEVICE", "cpu") == "cpu":
-        env.setdefault("ARDIT_DIT_TORCH_THREADS", str(dit_torch_threads()))
     ar_host, dit_host = env.get("ARDIT_AR_HOST", "127.0.0.1"), env.get("ARDIT_DIT_HOST", "127.0.0.1")
     env.setdefault("ARDIT_AR_DIT_URL", f"http://{dit_host}:{env.get('ARDIT_DIT_PORT', '8001')}")
     env["ARDIT_LAUNCHER_AR_URL"] = f"http://{ar_host}:{env.get('ARDIT_AR_PORT', '8000')}"

@@ -35,20 +35,3 @@ def test_a_service_that_keeps_crashing_makes_the_launcher_give_up(monkeypatch, c
     doomed.start()
     assert supervise([doomed], f"http://127.0.0.1:{free_port()}", ready_timeout=120) == 1
     assert f"doomed crashed {MAX_CRASHES} times" in capsys.readouterr().err
-
-
-def test_a_cpu_dit_gets_half_the_cores_unless_told(monkeypatch):
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
-    monkeypatch.delenv("ARDIT_DIT_TORCH_THREADS", raising=False)
-    monkeypatch.delenv("ARDIT_DIT_DEVICE", raising=False)
-    assert launcher.service_environment()["ARDIT_DIT_TORCH_THREADS"] == "2"
-    monkeypatch.setenv("ARDIT_DIT_TORCH_THREADS", "3")
-    assert launcher.service_environment()["ARDIT_DIT_TORCH_THREADS"] == "3"
-    monkeypatch.delenv("ARDIT_DIT_TORCH_THREADS")
-    monkeypatch.setenv("ARDIT_DIT_DEVICE", "cuda")
-    assert "ARDIT_DIT_TORCH_THREADS" not in launcher.service_environment()
-
-
-def test_one_core_still_gets_one_thread(monkeypatch):
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
-    assert launcher.dit_torch_threads() == 1
