@@ -37,10 +37,6 @@ class NegativeRows:
         self._kept: OrderedDict[_Key, tuple[list[RowsEvent], FinishedEvent, int]] = OrderedDict()
         self._bytes = 0
 
-    @property
-    def held_bytes(self) -> int:
-        return self._bytes
-
     async def run(self, engine: HiddenStateEngine, request: EngineRequest) -> AsyncGenerator[EngineEvent, None]:
         """``engine.run(request)``'s events: replayed when this negative prompt's run was kept, else the
         engine's, kept when the run finishes."""

@@ -22,6 +22,8 @@ FALLBACK_GUIDANCE_SCALE = 1.0
 def dit_capabilities(settings: DitSettings, model: DitModel) -> DitCapabilities:
     """Raises ``ValueError`` if the configured defaults are outside the limits (a load failure)."""
     facts, card = model.facts, model.card
+    # A step cache's hook state lives on the shared transformer: offered with one run at a time only.
+    one_run_at_a_time = settings.max_pipeline_runs == 1
     width, height = parse_size(settings.default_size or card.default_size or FALLBACK_SIZE)
     capabilities = DitCapabilities(
         model=settings.model_dir.name,
@@ -37,8 +39,7 @@ def dit_capabilities(settings: DitSettings, model: DitModel) -> DitCapabilities:
             max_images=settings.max_images_per_handoff,
             max_conditioning_rows=settings.max_sequence_length,
             output_formats=ImageEncoder.supported(),
-            # A cache hook's state lives on the shared transformer: one run at a time (``step_cache``).
-            step_caches=list(STEP_CACHE_METHODS) if settings.max_pipeline_runs == 1 else [],
+            step_caches=list(STEP_CACHE_METHODS) if one_run_at_a_time else [],
         ),
         defaults=DiffusionDefaults(
             width=width,
@@ -47,7 +48,7 @@ def dit_capabilities(settings: DitSettings, model: DitModel) -> DitCapabilities:
             or card.default_num_inference_steps
             or FALLBACK_STEPS,
             guidance_scale=_first_set(settings.default_guidance_scale, card.default_guidance_scale),
-            step_cache=card.default_step_cache if settings.max_pipeline_runs == 1 else None,
+            step_cache=card.default_step_cache if one_run_at_a_time else None,
         ),
         capacity=DitCapacity(
             max_concurrent_handoffs=settings.max_concurrent_handoffs,

@@ -164,6 +164,13 @@ def test_the_dits_default_step_cache_travels_unless_the_request_names_one_or_non
     assert step_cache(step_cache={"method": "none"}) is None
     asked = step_cache(step_cache={"method": "taylorseer", "interval": 3})
     assert asked == TaylorSeerCache(method="taylorseer", interval=3)
+    # The bounds themselves are accepted (one past them is refused below).
+    assert step_cache(step_cache={"method": "taylorseer", "interval": 10}) == TaylorSeerCache(
+        method="taylorseer", interval=10
+    )
+    assert step_cache(step_cache={"method": "first_block", "threshold": 1}) == FirstBlockCache(
+        method="first_block", threshold=1.0
+    )
 
 
 def test_a_default_step_cache_some_dit_cannot_run_is_left_off_rather_than_refused(validator):
