@@ -67,6 +67,7 @@ def create_ar_app(settings: ArSettings) -> FastAPI:
         settings.image_store_url, settings.image_store_size, settings.image_store_bytes, settings.image_ttl_seconds
     )
     drain = Drain(settings.drain_seconds)
+    keys = BearerAuth(settings.api_keys, what="API key", missing_code="missing_api_key", invalid_code="invalid_api_key")
     generator = ImageGenerator(settings, engine, prompts, dits, metrics, NegativeRows(settings.negative_rows_bytes))
     validator = RequestValidator(settings, prompts, EditMemory(settings.max_edit_memory_bytes))
     serving = ImageServing(settings, readiness, validator, admission, generator, store, metrics, drain)
@@ -97,7 +98,17 @@ def create_ar_app(settings: ArSettings) -> FastAPI:
         app_metrics=metrics.app,
         # A url image's name is its credential: its fetches get no span (nor an access-log name, see __main__).
         untraced_paths=("/v1/images/" + IMAGE_NAME,),
-        gate=lambda inner: _gate(inner, settings, metrics, admission, readiness),
+        gate=lambda inner: _gate(inner, settings, metrics, keys),
+        door=lambda inner: AdmissionDoor(
+            inner,
+            admission=admission,
+            readiness=readiness,
+            paths=IMAGE_ROUTES,
+            auth=keys,
+            drain=drain,
+            metrics=metrics.app,
+            internal_port=settings.internal_port,
+        ),
         slow_readers=SlowReaders(
             Families(metrics.app.registry, "ar"),
             send_timeout=settings.send_timeout_seconds,
@@ -112,18 +123,11 @@ def create_ar_app(settings: ArSettings) -> FastAPI:
     return app
 
 
-def _gate(
-    inner: ASGIApp, settings: ArSettings, metrics: ArMetrics, admission: RequestAdmission, readiness: ArReadiness
-) -> ASGIApp:
-    """The public port's gate: API keys, then each body's size and arrival deadline; then the image
-    routes' admission door (a request the line has no room for is refused before it is parsed). The
-    internal port, when there is one, takes the render call and the probes with no key."""
-    keys = BearerAuth(settings.api_keys, what="API key", missing_code="missing_api_key", invalid_code="invalid_api_key")
-    door = AdmissionDoor(
-        inner, admission=admission, readiness=readiness, paths=IMAGE_ROUTES, on_refusal=metrics.app.count_error
-    )
+def _gate(inner: ASGIApp, settings: ArSettings, metrics: ArMetrics, keys: BearerAuth) -> ASGIApp:
+    """The public port's gate: API keys, then each body's size and arrival deadline. The internal
+    port, when there is one, takes the render call and the probes with no key."""
     public = RequestGate(
-        door,
+        inner,
         auth=keys,
         max_body_bytes=settings.max_request_body_bytes,
         body_timeout=settings.request_body_timeout_seconds,

@@ -66,10 +66,13 @@ def create_app(
     admitted_while_draining: Callable[[Scope], bool] = lambda scope: False,
     untraced_paths: Iterable[str] = (),  # regular expressions, each matching a whole path
     gate: Callable[[ASGIApp], ASGIApp] | None = None,
+    door: Callable[[ASGIApp], ASGIApp] | None = None,
     slow_readers: SlowReaders | None = None,
 ) -> FastAPI:
     """``gate`` wraps the app inside the request-id layer (so its refusals carry the id too), and
     ``drain``'s gate wraps that (``admitted_while_draining``: what must still come in while draining);
+    ``door`` wraps everything, traces and metrics included: a decision that must cost next to nothing
+    for hundreds of requests at once (the AR's admission), whose answers it counts, ids and logs itself.
     ``fatal``, ``drain`` and ``slow_readers`` go on ``app.state``, where ``services.serve`` finds them."""
     app = FastAPI(title=title, lifespan=lifespan)
     app.state.fatal = fatal
@@ -91,6 +94,8 @@ def create_app(
     app.add_middleware(RequestIdMiddleware)
     app_metrics.install(app)
     instrument_app(app, (*(re.escape(path) for path in PROBE_PATHS), *untraced_paths))
+    if door is not None:
+        app.add_middleware(_Wrapped, wrap=door)
 
     async def ready() -> Readiness:
         if drain.started:

@@ -59,7 +59,11 @@ class AppMetrics:
     def count_error(self, error: ApiError) -> None:
         self.errors.labels(status=str(error.status), code=error.code or "none").inc()
 
+    def observe_response(self, route: str, method: str, status: str, seconds: float) -> None:
+        """One response: what the middleware counts, and what a layer in front of it answers itself."""
+        method = method if method in HTTP_METHODS else "OTHER"
+        self.requests.labels(route=route, method=method, status=status).inc()
+        self.request_seconds.labels(route=route, method=method).observe(seconds)
+
     def _observe(self, info: Info) -> None:
-        method = info.method if info.method in HTTP_METHODS else "OTHER"
-        self.requests.labels(route=info.modified_handler, method=method, status=info.modified_status).inc()
-        self.request_seconds.labels(route=info.modified_handler, method=method).observe(info.modified_duration)
+        self.observe_response(info.modified_handler, info.method, info.modified_status, info.modified_duration)

@@ -21,6 +21,12 @@ def new_request_id() -> str:
     return f"req_{uuid.uuid4().hex}"
 
 
+def request_id_of(scope: Scope) -> str:
+    """The caller's ``x-request-id`` when it is a valid one, a new id otherwise."""
+    incoming = dict(scope.get("headers") or []).get(REQUEST_ID_HEADER.encode(), b"").decode("latin-1")
+    return incoming if _VALID.match(incoming) else new_request_id()
+
+
 class RequestIdMiddleware:
     """Pure ASGI (not BaseHTTPMiddleware) so streaming responses and disconnects pass through."""
 
@@ -31,8 +37,7 @@ class RequestIdMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        incoming = dict(scope.get("headers") or []).get(REQUEST_ID_HEADER.encode(), b"").decode("latin-1")
-        request_id = incoming if _VALID.match(incoming) else new_request_id()
+        request_id = request_id_of(scope)
         scope.setdefault("state", {})["request_id"] = request_id
         # The id in the logs finds the request's trace (the server span is the current one here).
         trace.get_current_span().set_attribute("ardit.request_id", request_id)

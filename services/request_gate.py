@@ -55,7 +55,7 @@ class RequestGate:
             path = scope["path"]
             if self._auth.enabled and not self._is_open(scope["method"], path):
                 # Starlette's request.state is this dict: the route learns whose key it was.
-                scope.setdefault("state", {})["tenant"] = self._auth.check(_header(scope, b"authorization"))
+                scope.setdefault("state", {})["tenant"] = self._auth.check(header(scope, b"authorization"))
             body = await self._read_body(scope, receive, self._path_body.get(path, self._max_body))
         except ApiError as refused:
             self._on_refusal(refused)
@@ -69,7 +69,7 @@ class RequestGate:
         return method in ("GET", "HEAD") and bool(self._open_get) and path.startswith(self._open_get)
 
     async def _read_body(self, scope: Scope, receive: Receive, limit: int) -> bytes:
-        declared = _header(scope, b"content-length")
+        declared = header(scope, b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
             raise _too_large(limit)
         chunks: list[bytes] = []
@@ -99,7 +99,8 @@ def _too_large(limit: int) -> ApiError:
     return ApiError(413, f"the request body is over {limit} bytes", code="request_too_large")
 
 
-def _header(scope: Scope, name: bytes) -> str | None:
+def header(scope: Scope, name: bytes) -> str | None:
+    """The value of the request header ``name`` (lower case), if the request has it."""
     for key, value in scope.get("headers") or []:
         if key.lower() == name:
             return str(value.decode("latin-1"))
