@@ -99,16 +99,7 @@ def create_ar_app(settings: ArSettings) -> FastAPI:
         # A url image's name is its credential: its fetches get no span (nor an access-log name, see __main__).
         untraced_paths=("/v1/images/" + IMAGE_NAME,),
         gate=lambda inner: _gate(inner, settings, metrics, keys),
-        door=lambda inner: AdmissionDoor(
-            inner,
-            admission=admission,
-            readiness=readiness,
-            paths=IMAGE_ROUTES,
-            auth=keys,
-            drain=drain,
-            metrics=metrics.app,
-            internal_port=settings.internal_port,
-        ),
+        door=lambda inner: _door(inner, settings, metrics, keys, admission, readiness, drain),
         slow_readers=SlowReaders(
             Families(metrics.app.registry, "ar"),
             send_timeout=settings.send_timeout_seconds,
@@ -121,6 +112,29 @@ def create_ar_app(settings: ArSettings) -> FastAPI:
     admin_token = settings.admin_token.get_secret_value() if settings.admin_token else None
     app.include_router(build_admin_router(admin_token, engine))
     return app
+
+
+def _door(
+    inner: ASGIApp,
+    settings: ArSettings,
+    metrics: ArMetrics,
+    keys: BearerAuth,
+    admission: RequestAdmission,
+    readiness: ArReadiness,
+    drain: Drain,
+) -> ASGIApp:
+    """The image routes' admission door, in front of every other layer: a request the line has no room
+    for is refused before anything else runs for it."""
+    return AdmissionDoor(
+        inner,
+        admission=admission,
+        readiness=readiness,
+        paths=IMAGE_ROUTES,
+        auth=keys,
+        drain=drain,
+        metrics=metrics.app,
+        internal_port=settings.internal_port,
+    )
 
 
 def _gate(inner: ASGIApp, settings: ArSettings, metrics: ArMetrics, keys: BearerAuth) -> ASGIApp:

@@ -96,6 +96,13 @@ def create_app(
     instrument_app(app, (*(re.escape(path) for path in PROBE_PATHS), *untraced_paths))
     if door is not None:
         app.add_middleware(_Wrapped, wrap=door)
+    _add_probes(app, readiness, drain, app_metrics)
+    _document_400_not_422(app)
+    return app
+
+
+def _add_probes(app: FastAPI, readiness: ReadinessProbe, drain: Drain, app_metrics: AppMetrics) -> None:
+    """``/healthz`` (and vLLM's ``/health``), ``/readyz`` (not ready while draining) and ``/metrics``."""
 
     async def ready() -> Readiness:
         if drain.started:
@@ -117,9 +124,6 @@ def create_app(
     async def metrics() -> Response:
         app_metrics.ready.set(int((await ready()).ready))
         return Response(generate_latest(app_metrics.registry), media_type=CONTENT_TYPE_LATEST)
-
-    _document_400_not_422(app)
-    return app
 
 
 def _document_400_not_422(app: FastAPI) -> None:
