@@ -2,9 +2,9 @@
 
 Pure ASGI, the outermost layer of the app (in front of traces, metrics, the request-id layer, the
 drain gate, the public gate and FastAPI): a request the line has no room for is answered 429 here,
-with ``Retry-After``, without a span, routing, body parsing, validation or tokenizing. A burst's
-refusals then cost tens of microseconds each, not the hundreds the whole stack costs, so hundreds
-are answered within one pass over them. The door counts its refusals (``http_requests`` and
+with ``Retry-After``, without a span, routing, body parsing, validation or tokenizing: about 20
+microseconds of the event loop in-process, against about 70 through the whole stack, so a burst of
+hundreds is answered within one pass over it. The door counts its refusals (``http_requests`` and
 ``api_errors``, as the layers behind it would have) and gives them a request id, also in the
 access log.
 
