@@ -402,7 +402,9 @@ def test_killing_an_ar_and_a_dit_fails_only_their_requests_and_traffic_goes_on(t
     # is an OpenAI-shaped 503 (a stream that had started can only end, without its completed event).
     killed_at = sorted(kills.values())
     for failure in failures:
-        assert any(failure.started <= at < failure.started + failure.seconds for at in killed_at), asdict(failure)
+        # Short enough that pytest prints all of it: the code says who answered (HAProxy or a replica).
+        said = f"{failure.kind} at {failure.started:.3f} s, {failure.seconds:.4f} s: {failure.status} {failure.code}"
+        assert any(failure.started <= at < failure.started + failure.seconds for at in killed_at), (said, killed_at)
         assert failure.kind == "stream" or (failure.status == 503 and failure.openai_shaped), asdict(failure)
     # Traffic goes on: the last 10 s after the second kill were served.
     tail = load.between(killed_at[-1] + 5, ended)
