@@ -384,28 +384,37 @@ def test_restarting_every_replica_in_turn_under_load_fails_no_request(topology):
 
 def test_killing_an_ar_and_a_dit_fails_only_their_requests_and_traffic_goes_on(topology):
     load = SteadyLoad(topology.gateway).start()
-    kills = {}
+    kills: dict[str, tuple[float, float]] = {}  # replica: (killed, its process gone), seconds into the load
     try:
         time.sleep(10)
         for replica in (topology.ars[0], topology.dits[0]):
-            kills[replica.name] = load.now()
+            killed = load.now()
             replica.stop(signal.SIGKILL, timeout=30)
+            kills[replica.name] = (killed, load.now())
             time.sleep(15)
         ended = load.now()
     finally:
         load.stop()
-    after_kills = load.between(kills["ar1"], ended)
+    ar_killed, ar_gone = kills["ar1"]
+    after_kills = load.between(ar_killed, ended)
     failures = [o for o in after_kills if o.failed]
-    REPORT["kill"] = {"killed_at_seconds": kills, **_figures(after_kills, ended - kills["ar1"])}
+    REPORT["kill"] = {"killed_at_seconds": {name: at for name, (at, _) in kills.items()}}
+    REPORT["kill"]["gone_after_seconds"] = {name: round(gone - at, 3) for name, (at, gone) in kills.items()}
+    REPORT["kill"].update(_figures(after_kills, ended - ar_killed))
     REPORT["kill"]["failures"] = [asdict(o) for o in failures]
-    # Only requests the killed replica held fail: each had started before a kill, and a request's failure
-    # is an OpenAI-shaped 503 (a stream that had started can only end, without its completed event).
-    killed_at = sorted(kills.values())
+    # Only requests the killed replica held fail: each had started before a kill, or reached the AR while it died
+    # (between SIGKILL and its sockets closing, measured 85 ms for an AR: its kernel still accepts a connection
+    # and then resets it with the request unread, which HAProxy answers "the replica went away" and, by design,
+    # does not replay: deploy/gateway/haproxy.cfg). A request's failure is an OpenAI-shaped 503 (a stream that
+    # had started can only end, without its completed event).
     for failure in failures:
         # Short enough that pytest prints all of it: the code says who answered (HAProxy or a replica).
         said = f"{failure.kind} at {failure.started:.3f} s, {failure.seconds:.4f} s: {failure.status} {failure.code}"
-        assert any(failure.started <= at < failure.started + failure.seconds for at in killed_at), (said, killed_at)
+        held = any(failure.started <= at < failure.started + failure.seconds for at, _ in kills.values())
+        sent_as_it_died = ar_killed <= failure.started <= ar_gone and failure.code == "replica_failed"
+        assert held or sent_as_it_died, (said, kills)
         assert failure.kind == "stream" or (failure.status == 503 and failure.openai_shaped), asdict(failure)
     # Traffic goes on: the last 10 s after the second kill were served.
-    tail = load.between(killed_at[-1] + 5, ended)
+    last_kill = max(at for at, _ in kills.values())
+    tail = load.between(last_kill + 5, ended)
     assert tail and all(not o.failed for o in tail), [asdict(o) for o in tail]
