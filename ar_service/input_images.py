@@ -41,16 +41,21 @@ RESIZE_COPIES = 2
 
 @dataclass(frozen=True)
 class OutputSize:
-    """How an edit's output size is chosen: ``requested``, or (None: ``size=auto``) the input's,
-    scaled down to ``max_pixels`` and rounded down to multiples of ``multiple``."""
+    """How an edit's output size is chosen: ``requested``, or (None: ``size=auto``) the listed size whose
+    shape is nearest the input's when the model lists the sizes it draws, else the input's size scaled
+    down to ``max_pixels`` and rounded down to multiples of ``multiple``."""
 
     requested: tuple[int, int] | None
     multiple: int
     max_pixels: int
+    listed: tuple[tuple[int, int], ...] | None = None
 
     def for_input(self, width: int, height: int) -> tuple[int, int]:
         if self.requested is not None:
             return self.requested
+        if self.listed:
+            # Nearest in aspect ratio, as a ratio (log): 2:1 is as far from 1:1 as 1:2 is.
+            return min(self.listed, key=lambda size: abs(math.log(size[0] / size[1] * height / width)))
         scale = min(1.0, math.sqrt(self.max_pixels / (width * height)))
         m = self.multiple
         return max(m, int(width * scale) // m * m), max(m, int(height * scale) // m * m)

@@ -10,7 +10,7 @@ decodes and with rows sent only after the AR finishes, to show what the overlap 
 Both services run as real processes (``python -m dit_service`` / ``python -m ar_service``) on
 loopback ports, started by this script, one configuration after the other.
 
-    python benchmarks/e2e.py [--samples 3] [--new-tokens 32] [--steps 8] [--size 128x128]
+    python benchmarks/e2e.py [--samples 3] [--new-tokens 32] [--steps 8] [--size 64x64]
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=3)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--size", default="128x128")
+    parser.add_argument("--size", default="64x64")
     args = parser.parse_args()
     report: dict = {
         "command": f"python benchmarks/e2e.py --samples {args.samples} --new-tokens {args.new_tokens} "

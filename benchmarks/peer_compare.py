@@ -19,7 +19,7 @@ ratios per repeat (median, p10-p90), peak RSS of each server's process tree duri
 concurrency 1, ardit's ``server-timing`` stages split its end-to-end time into compute (AR engine,
 DiT denoise/VAE/encode) and serving overhead, per stage.
 
-    python benchmarks/peer_compare.py [--requests 12] [--repeats 2] [--size 128x128] [--steps 4]
+    python benchmarks/peer_compare.py [--requests 12] [--repeats 2] [--size 64x64] [--steps 4]
 """
 
 from __future__ import annotations
@@ -237,7 +237,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=12, help="requests per cell")
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--size", default="128x128")
+    parser.add_argument("--size", default="64x64")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--concurrency", default="1,4,8")
     parser.add_argument("--out", type=Path, default=paired.RESULTS / "peer_compare.json")

@@ -13,7 +13,10 @@ Start the services with the demo model first (``make run``, or ``python -m servi
 ``ARDIT_DIT_MODEL_DIR=deploy/checkpoints/ardit-demo``), then::
 
     python -m benchmarks.prompt_following [--base-url http://127.0.0.1:8000/v1] [--steps 20] [--seeds 2] \\
-        [--vae-of deploy/checkpoints/ardit-demo]
+        [--size auto] [--vae-of deploy/checkpoints/ardit-demo]
+
+``--size`` asks for another size than the card's: with ``ARDIT_DIT_SIZES='[]'`` on the DiT (any size) that is
+how the card's list of sizes was decided (benchmarks/results/prompt_following_sizes/).
 """
 
 from __future__ import annotations
@@ -90,11 +93,11 @@ def benchmark_prompts(seen: int, held_out: int) -> list[tuple[str, demo_scenes.A
     return [(rng.choice(demo_scenes.wordings(a)), a) for a in chosen]
 
 
-def render(client: OpenAI, prompt: str, seed: int, steps: int, guidance_scale: float | None) -> Image.Image:
+def render(client: OpenAI, prompt: str, seed: int, steps: int, guidance_scale: float | None, size: str) -> Image.Image:
     extra: dict[str, float] = {"seed": seed, "num_inference_steps": steps}
     if guidance_scale is not None:
         extra["guidance_scale"] = guidance_scale
-    result = client.images.generate(model="ardit", prompt=prompt, size="64x64", extra_body=extra)
+    result = client.images.generate(model="ardit", prompt=prompt, size=size, extra_body=extra)
     assert result.data and result.data[0].b64_json is not None
     return Image.open(io.BytesIO(base64.b64decode(result.data[0].b64_json))).convert("RGB")
 
@@ -106,6 +109,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=20, help="num_inference_steps")
     ap.add_argument("--guidance-scale", type=float, default=None, help="default: the service's")
     ap.add_argument("--seeds", type=int, default=2, help="seeds per prompt")
+    ap.add_argument("--size", default="auto", help="WIDTHxHEIGHT, or auto: the model card's size")
     ap.add_argument("--seen", type=int, default=80, help="prompts of trained combinations")
     ap.add_argument("--held-out", type=int, default=40, help="prompts of held-out colour x shape pairs")
     ap.add_argument(
@@ -128,10 +132,13 @@ def main() -> int:
     model = client.models.retrieve("ardit").model_dump()
     scores: dict[str, list[dict[str, bool]]] = {"seen": [], "held_out": []}
     failures = []
+    drawn: set[str] = set()
     started = time.perf_counter()
     for prompt, asked in benchmark_prompts(args.seen, args.held_out):
         for seed in range(args.seeds):
-            reading = judge(render(client, prompt, seed, args.steps, args.guidance_scale))
+            picture = render(client, prompt, seed, args.steps, args.guidance_scale, args.size)
+            drawn.add(f"{picture.width}x{picture.height}")
+            reading = judge(picture)
             hits = correct(reading, asked)
             scores["held_out" if asked.held_out else "seen"].append(hits)
             if not hits["all"]:
@@ -149,12 +156,13 @@ def main() -> int:
         "model": model,
         "num_inference_steps": args.steps,
         "guidance_scale": args.guidance_scale,
-        "size": "64x64",
+        "size": args.size,
+        "drawn_at": sorted(drawn),
         "judge_on_clean_pictures": clean,
         "judge_on_vae_round_trips": round_trips,
         "renders": {split: len(s) for split, s in scores.items()},
         "render_seconds": round(seconds, 1),
-        "accuracy": {split: accuracy(s) for split, s in scores.items()},
+        "accuracy": {split: accuracy(s) for split, s in scores.items() if s},
         "failures": failures,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

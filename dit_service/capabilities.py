@@ -2,7 +2,8 @@
 
 Every limit comes from one place: the settings (operator's caps) or the model itself (size
 multiple, fewest steps, conditioning width). Defaults follow settings, then the model card, then
-fallbacks that suit any Qwen-Image.
+fallbacks that suit any Qwen-Image. The sizes drawn are the settings' list, else the card's; where
+either lists sizes, ``auto`` is the first of them unless a default size is set.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dit_service.model import DitModel
 from dit_service.settings import DitSettings
 from shared.capabilities import DiffusionDefaults, DiffusionLimits, DitCapabilities, DitCapacity
 from shared.diffusion import STEP_CACHE_METHODS, parse_size
+from shared.errors import InvalidDiffusionParams
 
 FALLBACK_SIZE = "256x256"
 FALLBACK_STEPS = 8
@@ -24,7 +26,10 @@ def dit_capabilities(settings: DitSettings, model: DitModel) -> DitCapabilities:
     facts, card = model.facts, model.card
     # A step cache's hook state lives on the shared transformer: offered with one run at a time only.
     one_run_at_a_time = settings.max_pipeline_runs == 1
-    width, height = parse_size(settings.default_size or card.default_size or FALLBACK_SIZE)
+    sizes = card.sizes if settings.sizes is None else settings.sizes
+    listed = sizes or None  # [] in the settings: any size, whatever the card lists
+    default_size = settings.default_size or card.default_size or (listed[0] if listed else FALLBACK_SIZE)
+    width, height = parse_size(default_size)
     capabilities = DitCapabilities(
         model=settings.model_dir.name,
         description=card.description or f"a diffusers QwenImagePipeline loaded from {settings.model_dir.name}",
@@ -40,6 +45,7 @@ def dit_capabilities(settings: DitSettings, model: DitModel) -> DitCapabilities:
             max_conditioning_rows=settings.max_sequence_length,
             output_formats=ImageEncoder.supported(),
             step_caches=list(STEP_CACHE_METHODS) if one_run_at_a_time else [],
+            sizes=listed,
         ),
         defaults=DiffusionDefaults(
             width=width,
@@ -61,12 +67,14 @@ def dit_capabilities(settings: DitSettings, model: DitModel) -> DitCapabilities:
 
 
 def _check_defaults(defaults: DiffusionDefaults, limits: DiffusionLimits) -> None:
-    multiple = limits.size_multiple
-    if defaults.width % multiple or defaults.height % multiple or defaults.width * defaults.height > limits.max_pixels:
-        raise ValueError(
-            f"default size {defaults.width}x{defaults.height} is not a multiple of {multiple} within "
-            f"{limits.max_pixels} pixels"
-        )
+    for which, size in [
+        *(("listed", s) for s in limits.sizes or []),
+        ("default", f"{defaults.width}x{defaults.height}"),
+    ]:
+        try:
+            limits.check_size(*parse_size(size))
+        except InvalidDiffusionParams as exc:
+            raise ValueError(f"{which} size {size}: {exc.message}") from None
     if not limits.min_inference_steps <= defaults.num_inference_steps <= limits.max_inference_steps:
         raise ValueError(f"default steps {defaults.num_inference_steps} outside the model's limits")
     if defaults.guidance_scale > limits.max_guidance_scale:

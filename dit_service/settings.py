@@ -10,7 +10,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.checkpoints import DIT_MODEL, default_model_dir
 from services.settings import HandoffToken, LogLevel, NonNegative, Port, Positive, Seconds
-from shared.diffusion import MAX_IMAGES, SIZE_PATTERN
+from shared.diffusion import MAX_IMAGES, Size
 from shared.frame_codec import FrameLimits
 from shared.handoff_assembler import AssemblyCaps
 
@@ -109,8 +109,9 @@ class DitSettings(BaseSettings):
     )
 
     # --- diffusion defaults (announced to the AR; None: the model's ardit.json, else the fallback) -
-    default_size: Annotated[str, Field(pattern=SIZE_PATTERN)] | None = Field(
-        None, description="WIDTHxHEIGHT for size=auto (None: the model card's, else 256x256)."
+    default_size: Size | None = Field(
+        None,
+        description="WIDTHxHEIGHT for size=auto (None: the model card's, else the first listed size, else 256x256).",
     )
     default_num_inference_steps: Positive | None = Field(
         None, description="Steps when a request names neither steps nor quality (None: the model card's, else 8)."
@@ -126,6 +127,11 @@ class DitSettings(BaseSettings):
         MAX_IMAGES, description="Max num_images (OpenAI's n goes up to 10)."
     )
     max_guidance_scale: Annotated[float, Field(ge=0)] = Field(50.0, description="Max guidance_scale.")
+    sizes: list[Size] | None = Field(
+        None,
+        description="The only sizes drawn, a JSON list of WIDTHxHEIGHT (None: the model card's list; []: any size "
+        "within max_pixels).",
+    )
 
     @property
     def torch_dtype_name(self) -> TorchDtypeName:

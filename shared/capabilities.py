@@ -19,7 +19,7 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from shared.diffusion import MAX_SEED, DiffusionParams, OutputFormat, StepCache, StepCacheMethod
+from shared.diffusion import MAX_SEED, DiffusionParams, OutputFormat, Size, StepCache, StepCacheMethod
 from shared.errors import InvalidDiffusionParams
 from shared.frame_types import NonNegInt, PosInt, WireModel
 
@@ -38,6 +38,20 @@ def _in_all(values: Sequence[list[Any]]) -> list[Any]:
     return [f for f in values[0] if all(f in v for v in values)]
 
 
+def _in_all_that_list(values: Sequence[list[Any] | None]) -> list[Any] | None:
+    """A DiT that lists nothing takes any value (within its other limits); the lists of the others meet."""
+    lists = [v for v in values if v is not None]
+    return _in_all(lists) if lists else None
+
+
+def _one_of(values: Sequence[str]) -> str:
+    """OpenAI's way of listing the values a parameter takes: "'a', 'b', and 'c'"."""
+    quoted = [f"'{v}'" for v in values]
+    if len(quoted) <= 2:
+        return " and ".join(quoted)
+    return ", ".join(quoted[:-1]) + f", and {quoted[-1]}"
+
+
 class DiffusionLimits(WireModel):
     # Pixel sizes must be multiples of this (VAE factor x patch size), or diffusers rounds them down.
     size_multiple: Annotated[PosInt, _every_multiple]
@@ -52,6 +66,9 @@ class DiffusionLimits(WireModel):
     # The step caches this DiT runs (none where several runs share the transformer); absent from a DiT
     # that predates them, which then runs none.
     step_caches: Annotated[list[StepCacheMethod], _in_all] = Field(default_factory=list)
+    # The sizes the model draws well (its card's), the default first; None: any size within the limits
+    # above. Another size is refused, as OpenAI refuses a size a model does not support.
+    sizes: Annotated[list[Size] | None, _in_all_that_list] = None
 
     @classmethod
     def common(cls, all_limits: Sequence[DiffusionLimits]) -> DiffusionLimits:
@@ -71,6 +88,11 @@ class DiffusionLimits(WireModel):
             )
         if width * height > self.max_pixels:
             raise InvalidDiffusionParams(f"size {size} is over the {self.max_pixels}-pixel limit", param="size")
+        if self.sizes is not None and size not in self.sizes:
+            if not self.sizes:
+                raise InvalidDiffusionParams("the ready image models share no size they all draw", param="size")
+            supported = _one_of([*self.sizes, "auto"])
+            raise InvalidDiffusionParams(f"Invalid value: '{size}'. Supported values are: {supported}.", param="size")
 
     def check(self, params: DiffusionParams) -> None:
         """``InvalidDiffusionParams`` naming the public parameter unless this DiT renders ``params``

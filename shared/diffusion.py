@@ -31,6 +31,8 @@ MEDIA_TYPES: dict[OutputFormat, str] = {"png": "image/png", "jpeg": "image/jpeg"
 SIZE = r"[0-9]{1,5}x[0-9]{1,5}"
 SIZE_PATTERN = f"^{SIZE}$"
 _SIZE = re.compile(SIZE_PATTERN)
+# One size as the API names it: "1024x1024".
+Size = Annotated[str, Field(pattern=SIZE_PATTERN)]
 
 
 # TaylorSeer's full passes come at least this often.

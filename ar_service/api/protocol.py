@@ -123,9 +123,11 @@ class ImageRequest(_Request):
     )
     size: Annotated[StrictStr, Field(pattern=f"^(auto|{SIZE})$")] = Field(
         "auto",
-        description="`WxH` in multiples of the DiT's size multiple, within its pixel limit; `auto`: the DiT's "
-        "default size (generations) or the input image's size scaled down to the pixel limit and rounded down to "
-        "the multiple (edits). Responses and events report the rendered `WxH`, never `auto`.",
+        description="`WxH`: one of the sizes the model card lists (others get a 400 that names them), or, for a "
+        "model that lists none, any multiple of the DiT's size multiple within its pixel limit. `auto`: the DiT's "
+        "default size (generations); for edits the listed size nearest the input image's shape, or for a model "
+        "that lists none the input's size scaled down to the pixel limit and rounded down to the multiple. "
+        "Responses and events report the rendered `WxH`, never `auto`.",
     )
     quality: Quality = Field(
         "auto",
@@ -324,8 +326,10 @@ class ModelObject(_Response):
     object: Literal["model"] = "model"
     created: int = 0
     owned_by: str = "ardit"
-    # ardit extension: what the image model is (announced by the DiT).
+    # ardit extensions, announced by the DiTs: what the image model is, and the sizes it draws (`size` takes
+    # these and `auto`; None: any size within the DiTs' limits).
     description: str | None = None
+    sizes: list[str] | None = None
 
 
 class ModelList(_Response):

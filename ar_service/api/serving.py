@@ -313,8 +313,10 @@ class ImageServing:
     async def model(self, model_id: str | None = None) -> ModelObject:
         self.validator.check_model(model_id)
         capabilities = await self.readiness.capabilities()
+        if capabilities is None:
+            return ModelObject(id=self.settings.served_model_name)
         return ModelObject(
-            id=self.settings.served_model_name, description=capabilities.description if capabilities else None
+            id=self.settings.served_model_name, description=capabilities.description, sizes=capabilities.limits.sizes
         )
 
     def rendered_prompt(self, body: RenderRequest, request_id: str) -> list[RenderedPrompt]:

@@ -116,7 +116,8 @@ class RequestValidator:
             )
         limits = dit.limits
         requested = None if body.size == "auto" else _size(body.size, dit)
-        size = OutputSize(requested, limits.size_multiple, limits.max_pixels)
+        listed = None if limits.sizes is None else tuple(parse_size(s) for s in limits.sizes)
+        size = OutputSize(requested, limits.size_multiple, limits.max_pixels, listed)
         mask = form.mask.data if form.mask is not None else None
         upload = read_upload(form.images[0].data, mask, self.settings.max_edit_input_pixels)
         width, height = size.for_input(*upload.size)

@@ -70,6 +70,14 @@ def test_size_auto_fits_the_input_to_the_pixel_limit_in_multiples():
     assert OutputSize((64, 32), 16, 256 * 256).for_input(1024, 512) == (64, 32)
 
 
+def test_size_auto_is_the_listed_size_nearest_the_inputs_shape_when_the_model_lists_its_sizes():
+    listed = OutputSize(None, 16, 256 * 256, listed=((64, 64), (128, 64), (64, 128)))
+    assert listed.for_input(1000, 990) == (64, 64)
+    assert listed.for_input(300, 100) == (128, 64)  # 3:1 is nearer 2:1 than 1:1
+    assert listed.for_input(100, 180) == (64, 128)
+    assert OutputSize((64, 64), 16, 256 * 256, listed=((128, 64),)).for_input(300, 100) == (64, 64)
+
+
 def test_a_named_size_resizes_image_and_mask_alike():
     pixels = decode(encoded(noise()), mask_png(), OutputSize((96, 64), 16, 256 * 256))
     assert (pixels.width, pixels.height) == (96, 64)

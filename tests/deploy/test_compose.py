@@ -12,6 +12,7 @@ import yaml
 
 from ar_service.settings import ArSettings
 from dit_service.settings import DitSettings
+from shared.diffusion import parse_size
 from tests.deploy.compose_cli import CPU_FILES, GPU_FILES, ROOT, compose, rendered
 
 GPU_SERVICES = {"ar": "0", "dit": "1"}
@@ -116,11 +117,24 @@ def test_gpu_variant_sizes_for_a_real_qwen_image_and_cpu_keeps_the_demo_defaults
     assert gpu["services"]["ar"]["environment"]["ARDIT_AR_DTYPE"] == "bfloat16"
     # The CPU override drops the GPU sizes, so the services' own (demo) defaults apply.
     assert "ARDIT_AR_KV_CACHE_BYTES" not in cpu_env
-    assert "ARDIT_DIT_DEFAULT_SIZE" not in cpu_dit and "ARDIT_DIT_DEFAULT_NUM_INFERENCE_STEPS" not in cpu_dit
+    assert not {"ARDIT_DIT_DEFAULT_SIZE", "ARDIT_DIT_SIZES", "ARDIT_DIT_DEFAULT_NUM_INFERENCE_STEPS"} & set(cpu_dit)
     for key in list(gpu_env) + list(gpu_dit):
         monkeypatch.delenv(key, raising=False)
     assert ArSettings().kv_cache_bytes < int(gpu_env["ARDIT_AR_KV_CACHE_BYTES"])
     assert DitSettings().default_size is None  # the model card's (or 256x256), the demo's size
+    assert DitSettings().sizes is None  # the model card's list
+
+
+def test_gpu_variant_lists_qwen_images_sizes_with_its_default_first_and_openais_usual_ones(gpu, monkeypatch):
+    environment = gpu["services"]["dit"]["environment"]
+    for key, value in environment.items():
+        monkeypatch.setenv(key, str(value))
+    settings = DitSettings()
+    assert settings.sizes is not None and settings.sizes[0] == settings.default_size == "1328x1328"
+    assert {"1664x928", "928x1664", "1024x1024", "1536x1024", "1024x1536"} <= set(settings.sizes)
+    for size in settings.sizes:
+        width, height = parse_size(size)
+        assert width % 16 == 0 and height % 16 == 0 and width * height <= settings.max_pixels, size
 
 
 def test_services_are_healthy_only_when_ready(variant):

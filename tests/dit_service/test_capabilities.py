@@ -59,3 +59,33 @@ def test_step_caches_are_offered_and_the_cards_default_announced_only_with_one_r
     assert one_run.defaults.step_cache == FirstBlockCache(method="first_block", threshold=0.1)
     two_runs = dit_capabilities(DitSettings(max_pipeline_runs=2), model(card))
     assert (two_runs.limits.step_caches, two_runs.defaults.step_cache) == ([], None)
+
+
+def test_the_cards_sizes_are_announced_and_auto_is_the_first_of_them():
+    caps = dit_capabilities(DitSettings(), model(ModelCard(sizes=["64x64", "128x64"])))
+    assert caps.limits.sizes == ["64x64", "128x64"]
+    assert (caps.defaults.width, caps.defaults.height) == (64, 64)
+
+
+def test_the_settings_sizes_replace_the_cards_and_an_empty_list_draws_any_size():
+    card = ModelCard(default_size="64x64", sizes=["64x64"])
+    assert dit_capabilities(DitSettings(sizes=["128x128", "64x64"]), model(card)).limits.sizes == ["128x128", "64x64"]
+    anything = dit_capabilities(DitSettings(sizes=[]), model(card))
+    assert anything.limits.sizes is None and anything.defaults.width == 64
+
+
+def test_a_model_without_listed_sizes_announces_none():
+    assert dit_capabilities(DitSettings(), model()).limits.sizes is None
+
+
+@pytest.mark.parametrize(
+    ("settings", "card"),
+    [
+        (DitSettings(), ModelCard(sizes=["64x64", "40x40"])),  # not a multiple of 16
+        (DitSettings(), ModelCard(sizes=["4096x4096"])),  # over the pixel limit
+        (DitSettings(default_size="128x128"), ModelCard(sizes=["64x64"])),  # a default it does not draw
+    ],
+)
+def test_listed_sizes_and_a_default_the_limits_forbid_fail_the_load(settings, card):
+    with pytest.raises(ValueError, match="size"):
+        dit_capabilities(settings, model(card))

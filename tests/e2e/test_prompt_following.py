@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from openai import OpenAI
+from openai import BadRequestError, OpenAI
 from PIL import Image
 
 from benchmarks.prompt_judge import judge
@@ -20,6 +20,7 @@ from deploy.checkpoints import demo_scenes
 from dit_service.app import create_dit_app
 from dit_service.model import ModelCard
 from services.checkpoints import DIT_MODEL, default_model_dir
+from shared.diffusion import parse_size
 from tests.conftest import API_KEY, PLUMBING_DIT_MODEL_DIR, Stack, dit_settings, require_checkpoint
 from tests.support.dit_pools import pointed_at
 from tests.support.live_server import LiveServer
@@ -90,6 +91,20 @@ def test_models_endpoint_describes_the_demo_model_by_its_card(demo):
     described = demo.models.retrieve("ardit").model_extra["description"]
     assert described == ModelCard.read(DEMO_MODEL_DIR).description
     assert "trained from scratch" in described and "procedurally drawn scenes" in described
+
+
+def test_the_demo_model_draws_only_the_sizes_its_card_lists_and_auto_is_the_first(demo):
+    sizes = ModelCard.read(DEMO_MODEL_DIR).sizes
+    assert sizes, "the demo card lists the sizes the judge found it draws"
+    assert demo.models.retrieve("ardit").model_extra["sizes"] == sizes
+    # What OpenAI clients and chat UIs send unless told otherwise: a 400 that names the sizes, nothing drawn.
+    with pytest.raises(BadRequestError) as refused:
+        demo.images.generate(model="ardit", prompt="a red circle on a blue background", size="1024x1024")
+    error = refused.value.body
+    assert isinstance(error, dict) and (error["param"], error["code"]) == ("size", "invalid_size")
+    assert all(f"'{size}'" in error["message"] for size in [*sizes, "auto"]), error
+    auto = demo.images.generate(model="ardit", prompt="a red circle on a blue background", extra_body={"seed": 1})
+    assert auto.size == sizes[0] and picture(auto).size == parse_size(sizes[0])
 
 
 def test_demo_model_draws_the_asked_shape_colours_and_position(demo):

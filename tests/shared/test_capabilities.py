@@ -103,3 +103,48 @@ def test_a_dit_that_predates_step_caches_announces_none():
     announced = LIMITS.model_dump(mode="json")
     del announced["step_caches"]
     assert DiffusionLimits.model_validate(announced).step_caches == []
+
+
+SIZED = LIMITS.model_copy(update={"sizes": ["64x64", "128x64"]})
+
+
+def test_a_dit_that_lists_its_sizes_draws_those_and_refuses_another_naming_them_as_openai_does():
+    SIZED.check(params(width=128, height=64))
+    with pytest.raises(InvalidDiffusionParams) as refused:
+        SIZED.check(params(width=64, height=48))  # within the multiple and the pixel limit, but not listed
+    assert refused.value.param == "size"
+    assert refused.value.message == "Invalid value: '64x48'. Supported values are: '64x64', '128x64', and 'auto'."
+
+
+def test_one_listed_size_is_named_with_auto_as_openai_names_two_values():
+    one = LIMITS.model_copy(update={"sizes": ["64x64"]})
+    with pytest.raises(
+        InvalidDiffusionParams, match=r"^Invalid value: '128x128'. Supported values are: '64x64' and 'auto'.$"
+    ):
+        one.check_size(128, 128)
+
+
+def test_a_dit_that_lists_no_sizes_draws_any_within_its_limits():
+    assert LIMITS.sizes is None
+    LIMITS.check(params(width=64, height=48))
+    LIMITS.check(params(width=256, height=256))
+
+
+def test_listed_sizes_merge_to_those_every_listing_dit_draws_and_a_dit_that_lists_none_takes_any():
+    other = LIMITS.model_copy(update={"sizes": ["128x64", "64x128"]})
+    assert DiffusionLimits.common([SIZED, other]).sizes == ["128x64"]
+    assert DiffusionLimits.common([SIZED, LIMITS]).sizes == SIZED.sizes
+    assert DiffusionLimits.common([LIMITS, LIMITS]).sizes is None
+
+
+def test_dits_that_share_no_size_refuse_every_size_saying_so():
+    apart = DiffusionLimits.common([SIZED, LIMITS.model_copy(update={"sizes": ["64x128"]})])
+    assert apart.sizes == []
+    with pytest.raises(InvalidDiffusionParams, match="share no size"):
+        apart.check_size(64, 64)
+
+
+def test_the_size_limits_still_hold_for_a_listed_size():
+    wrong = LIMITS.model_copy(update={"sizes": ["1024x1024"]})
+    with pytest.raises(InvalidDiffusionParams, match="pixel limit"):
+        wrong.check_size(1024, 1024)

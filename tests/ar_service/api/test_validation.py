@@ -289,3 +289,43 @@ def test_a_tenant_salts_the_prefix_cache_before_the_requests_own_salt():
     # A tenant that sends another's salt string still lands in its own namespace.
     salted = cache_salt("tenant-a", "x")
     assert salted is not None and salted != cache_salt("tenant-b", "x") and salted.endswith("x")
+
+
+# A DiT whose model card lists the sizes it draws well.
+SIZED = DIT.model_copy(
+    update={
+        "limits": DIT.limits.model_copy(update={"sizes": ["64x64", "128x64"]}),
+        "defaults": DIT.defaults.model_copy(update={"width": 64, "height": 64}),
+    }
+)
+
+
+def test_a_listed_size_is_drawn_and_auto_is_the_cards_default(validator):
+    def size(asked: str) -> tuple[int, int]:
+        request = ImageGenerationRequest.model_validate({"prompt": "a red circle", "size": asked})
+        diffusion = validator.generation(request, "req_1", 0.0, SIZED).generation.diffusion
+        return diffusion.width, diffusion.height
+
+    assert size("128x64") == (128, 64)
+    assert size("auto") == (64, 64)
+
+
+def test_a_size_the_model_does_not_list_is_refused_naming_the_sizes_it_draws(validator):
+    request = ImageGenerationRequest.model_validate({"prompt": "a red circle", "size": "256x256"})
+    with pytest.raises(ApiError) as info:
+        validator.generation(request, "req_1", 0.0, SIZED)
+    assert (info.value.status, info.value.param, info.value.code) == (400, "size", "invalid_size")
+    assert info.value.message == "Invalid value: '256x256'. Supported values are: '64x64', '128x64', and 'auto'."
+
+
+def test_an_auto_sized_edit_is_drawn_at_the_listed_size_nearest_its_shape(validator):
+    form = EditForm(edit_request(size="auto"), [Upload("a.png", png(96, 32))], None)
+    diffusion = asyncio.run(validator.edit(form, "req_1", 0.0, SIZED)).generation.diffusion
+    assert (diffusion.width, diffusion.height) == (128, 64)
+
+
+def test_an_edit_at_a_size_the_model_does_not_list_is_refused_before_its_image_is_decoded(validator):
+    form = EditForm(edit_request(size="96x32"), [Upload("a.png", b"not an image")], None)
+    with pytest.raises(ApiError) as info:
+        asyncio.run(validator.edit(form, "req_1", 0.0, SIZED))
+    assert (info.value.status, info.value.param, info.value.code) == (400, "size", "invalid_size")
