@@ -19,7 +19,7 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from shared.diffusion import MAX_SEED, DiffusionParams, OutputFormat, Size, StepCache, StepCacheMethod
+from shared.diffusion import MAX_SEED, DiffusionParams, OutputFormat, Size, StepCache, StepCacheMethod, parse_size
 from shared.errors import InvalidDiffusionParams
 from shared.frame_types import NonNegInt, PosInt, WireModel
 
@@ -165,8 +165,14 @@ class DitCapabilities(WireModel):
 
     @classmethod
     def common(cls, all_capabilities: Sequence[DitCapabilities]) -> DitCapabilities:
-        """What every one of these DiTs can do: the first's identity and defaults, the tightest limits."""
+        """What every one of these DiTs can do: the first's identity and defaults, the tightest limits (and
+        for ``auto`` the first size they all draw, where they list sizes and the first's default is not one)."""
         first = all_capabilities[0]
         if all(c == first for c in all_capabilities):
             return first
-        return first.model_copy(update={"limits": DiffusionLimits.common([c.limits for c in all_capabilities])})
+        limits = DiffusionLimits.common([c.limits for c in all_capabilities])
+        defaults = first.defaults
+        if limits.sizes and f"{defaults.width}x{defaults.height}" not in limits.sizes:
+            width, height = parse_size(limits.sizes[0])
+            defaults = defaults.model_copy(update={"width": width, "height": height})
+        return first.model_copy(update={"limits": limits, "defaults": defaults})

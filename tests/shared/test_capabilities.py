@@ -137,6 +137,14 @@ def test_listed_sizes_merge_to_those_every_listing_dit_draws_and_a_dit_that_list
     assert DiffusionLimits.common([LIMITS, LIMITS]).sizes is None
 
 
+def test_dits_that_list_other_sizes_draw_auto_at_the_first_size_they_all_draw():
+    first = DIT.model_copy(update={"limits": LIMITS.model_copy(update={"sizes": ["64x48", "128x64"]})})
+    second = DIT.model_copy(update={"limits": LIMITS.model_copy(update={"sizes": ["128x64"]})})
+    common = DitCapabilities.common([first, second])
+    assert common.limits.sizes == ["128x64"] and (common.defaults.width, common.defaults.height) == (128, 64)
+    assert DitCapabilities.common([first, first.model_copy(update={"description": "b"})]).defaults == DIT.defaults
+
+
 def test_dits_that_share_no_size_refuse_every_size_saying_so():
     apart = DiffusionLimits.common([SIZED, LIMITS.model_copy(update={"sizes": ["64x128"]})])
     assert apart.sizes == []
