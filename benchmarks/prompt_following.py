@@ -5,7 +5,10 @@ pictures: every combination, twice; its accuracy there bounds what it can say ab
 seeded set of prompts (new wordings drawn from the generator's templates) goes through the public API with
 the official ``openai`` client, each with several seeds, and the judge reads every picture. Accuracy per
 attribute (shape, shape colour, background colour, position, and all four at once) is reported for the
-combinations the model was trained on and the held-out colour x shape pairs apart. With ``--vae-of`` the judge
+combinations the model was trained on and the held-out colour x shape pairs apart. Then prompts written the way
+people write them (``deploy/checkpoints/prompt_grammar.py``), in four groups reported apart: seen pairs in the
+grammar's training patterns, seen pairs in its held-out patterns, held-out pairs, and no place named (its quarter
+then not scored). With ``--vae-of`` the judge
 also reads fresh pictures round-tripped through the model's VAE: every picture the DiT makes is a decoded
 latent, so that is the most the DiT could score.
 
@@ -41,7 +44,7 @@ from openai import OpenAI
 from PIL import Image
 
 from benchmarks.prompt_judge import Reading, judge
-from deploy.checkpoints import demo_scenes
+from deploy.checkpoints import demo_scenes, prompt_grammar
 
 RESULTS = Path(__file__).parent / "results"
 ATTRIBUTES = ("shape", "colour", "background", "position")
@@ -59,7 +62,13 @@ def correct(reading: Reading, asked: demo_scenes.Attributes) -> dict[str, bool]:
 
 
 def accuracy(results: list[dict[str, bool]]) -> dict[str, float]:
-    return {key: round(sum(r[key] for r in results) / len(results), 4) for key in (*ATTRIBUTES, "all")}
+    return {key: round(sum(r[key] for r in results) / len(results), 4) for key in results[0]}
+
+
+def correct_without_place(reading: Reading, asked: demo_scenes.Attributes) -> dict[str, bool]:
+    """For a prompt that names no quarter: any quarter is right, so it is not scored."""
+    hits = {key: hit for key, hit in correct(reading, asked).items() if key not in ("position", "all")}
+    return {**hits, "all": all(hits.values())}
 
 
 def judge_on_clean_pictures() -> dict:
@@ -87,7 +96,25 @@ def judge_on_vae_round_trips(model_dir: Path, count: int = 400) -> dict:
     return {"pictures": len(scores), "accuracy": accuracy(scores)}
 
 
+# The grammar's groups (deploy/checkpoints/prompt_grammar.py): which colour x shape pairs, said in which patterns.
+_PLACED = [p for p in prompt_grammar.TRAINING_PATTERNS if p.place]
+GRAMMAR_GROUPS: dict[str, tuple[str, list[prompt_grammar.Pattern]]] = {
+    "trained_wordings": ("seen", _PLACED),
+    "held_out_wordings": ("seen", [p for p in prompt_grammar.PATTERNS if p in prompt_grammar.HELD_OUT_PATTERNS]),
+    "held_out_pairs": ("held_out", _PLACED),
+    "no_place": ("seen", [p for p in prompt_grammar.TRAINING_PATTERNS if not p.place]),
+}
+
+
+def grammar_prompts(group: str, count: int) -> list[tuple[str, demo_scenes.Attributes]]:
+    pairs, patterns = GRAMMAR_GROUPS[group]
+    rng = random.Random(f"{PROMPT_SEED}-{group}")
+    pool = demo_scenes.seen_attributes() if pairs == "seen" else demo_scenes.held_out_attributes()
+    return [(prompt_grammar.describe(a, rng.choice(patterns), rng), a) for a in rng.sample(pool, count)]
+
+
 def benchmark_prompts(seen: int, held_out: int) -> list[tuple[str, demo_scenes.Attributes]]:
+    """The generator's own templates (what the demo model was trained on)."""
     rng = random.Random(PROMPT_SEED)
     chosen = rng.sample(demo_scenes.seen_attributes(), seen) + rng.sample(demo_scenes.held_out_attributes(), held_out)
     return [(rng.choice(demo_scenes.wordings(a)), a) for a in chosen]
@@ -112,6 +139,7 @@ def main() -> int:
     ap.add_argument("--size", default="auto", help="WIDTHxHEIGHT, or auto: the model card's size")
     ap.add_argument("--seen", type=int, default=80, help="prompts of trained combinations")
     ap.add_argument("--held-out", type=int, default=40, help="prompts of held-out colour x shape pairs")
+    ap.add_argument("--grammar", type=int, default=40, help="prompts in each of the grammar's four groups")
     ap.add_argument(
         "--vae-of",
         type=Path,
@@ -130,19 +158,24 @@ def main() -> int:
 
     client = OpenAI(base_url=args.base_url, api_key=args.api_key, max_retries=0, timeout=120)
     model = client.models.retrieve("ardit").model_dump()
-    scores: dict[str, list[dict[str, bool]]] = {"seen": [], "held_out": []}
+    cases = [
+        ("held_out" if a.held_out else "seen", prompt, a) for prompt, a in benchmark_prompts(args.seen, args.held_out)
+    ]
+    if args.grammar:
+        cases += [(group, prompt, a) for group in GRAMMAR_GROUPS for prompt, a in grammar_prompts(group, args.grammar)]
+    scores: dict[str, list[dict[str, bool]]] = {group: [] for group, _, _ in cases}
     failures = []
     drawn: set[str] = set()
     started = time.perf_counter()
-    for prompt, asked in benchmark_prompts(args.seen, args.held_out):
+    for group, prompt, asked in cases:
         for seed in range(args.seeds):
             picture = render(client, prompt, seed, args.steps, args.guidance_scale, args.size)
             drawn.add(f"{picture.width}x{picture.height}")
             reading = judge(picture)
-            hits = correct(reading, asked)
-            scores["held_out" if asked.held_out else "seen"].append(hits)
+            hits = correct_without_place(reading, asked) if group == "no_place" else correct(reading, asked)
+            scores[group].append(hits)
             if not hits["all"]:
-                failures.append({"prompt": prompt, "seed": seed, "read": reading.__dict__})
+                failures.append({"group": group, "prompt": prompt, "seed": seed, "read": reading.__dict__})
     seconds = time.perf_counter() - started
 
     report = {

@@ -14,7 +14,8 @@ weights):
 
 1. scenes: ``IMAGES`` pictures of the seen attribute combinations (``demo_scenes``; the held-out colour x
    shape pairs are in no picture and no prompt), with ``WORDINGS_PER_COMBINATION`` prompt wordings per
-   combination;
+   combination, from ``demo_scenes``' templates or, with ``--prompts grammar``, from ``prompt_grammar``'s
+   training patterns (its held-out patterns in no prompt);
 2. rows: the rows the AR service streams for each wording and for the AR's default negative prompt " "
    (``demo_rows``), which stands for "no prompt" in the 10% of DiT steps trained without one, so that CFG
    at serving time subtracts exactly what the service sends;
@@ -29,7 +30,8 @@ weights):
 
 Usage (from the repository root)::
 
-    python -m deploy.checkpoints.train_demo_dit [--out deploy/checkpoints/ardit-demo] [--ar-model DIR] [--seed 0]
+    python -m deploy.checkpoints.train_demo_dit [--out deploy/checkpoints/ardit-demo] [--ar-model DIR] [--seed 0] \\
+        [--prompts templates|grammar] [--vae-from DIR]
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ from diffusers.pipelines.qwenimage.pipeline_qwenimage import QwenImagePipeline, 
 from diffusers.schedulers.scheduling_flow_match_euler_discrete import FlowMatchEulerDiscreteScheduler
 
 from ar_service.settings import ArSettings
-from deploy.checkpoints import demo_scenes, qwen_vae_2d
+from deploy.checkpoints import demo_scenes, prompt_grammar, qwen_vae_2d
 from deploy.checkpoints.build_tiny_qwen_image import SCHEDULER_CONFIG
 from deploy.checkpoints.demo_rows import PromptRows
 
@@ -132,10 +134,19 @@ def to_unit_range(pixels: torch.Tensor) -> torch.Tensor:
     return pixels.float() / 127.5 - 1.0
 
 
-def draw_scenes(seed: int) -> Scenes:
+def draw_scenes(seed: int, prompts: str) -> Scenes:
+    """``prompts``: "templates" (``demo_scenes``' eight sentences) or "grammar" (``prompt_grammar``'s training
+    patterns; a wording without a place is one of its combination's, so it comes with each quarter alike)."""
     rng = random.Random(seed)
     combinations = demo_scenes.seen_attributes()
-    wordings = [demo_scenes.sample_wordings(a, WORDINGS_PER_COMBINATION, rng) for a in combinations]
+    if prompts == "grammar":
+        patterns = prompt_grammar.TRAINING_PATTERNS
+        wordings = [
+            [prompt_grammar.describe(a, rng.choice(patterns), rng) for _ in range(WORDINGS_PER_COMBINATION)]
+            for a in combinations
+        ]
+    else:
+        wordings = [demo_scenes.sample_wordings(a, WORDINGS_PER_COMBINATION, rng) for a in combinations]
     chosen = [rng.randrange(len(combinations)) for _ in range(IMAGES)]
     pixels = torch.empty((IMAGES, 3, demo_scenes.SIZE, demo_scenes.SIZE), dtype=torch.uint8)
     for i, c in enumerate(chosen):
@@ -376,6 +387,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="reuse the VAE an earlier run wrote (OUT/vae, saved as soon as it is trained) instead of training one",
     )
+    ap.add_argument(
+        "--prompts",
+        choices=("templates", "grammar"),
+        default="templates",
+        help="how the training prompts are worded: the eight templates (the committed model) or the grammar",
+    )
     args = ap.parse_args(argv)
     torch.set_num_threads(args.torch_threads)
     load_at_start = os.getloadavg()
@@ -390,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
         return now
 
     clock = started
-    scenes = draw_scenes(args.seed)
+    scenes = draw_scenes(args.seed, args.prompts)
     clock = phase_done("scenes", clock)
 
     encoder = PromptRows(args.ar_model.expanduser(), ArSettings().prompt_template)
@@ -447,6 +464,7 @@ def main(argv: list[str] | None = None) -> int:
             "images": IMAGES,
             "seen_combinations": len(scenes.combinations),
             "wordings_per_combination": WORDINGS_PER_COMBINATION,
+            "prompts": args.prompts,
             "held_out_pairs": sorted(demo_scenes.HELD_OUT_PAIRS),
         },
         "vae": {
