@@ -136,7 +136,7 @@ def to_unit_range(pixels: torch.Tensor) -> torch.Tensor:
 
 def draw_scenes(seed: int, prompts: str) -> Scenes:
     """``prompts``: "templates" (``demo_scenes``' eight sentences) or "grammar" (``prompt_grammar``'s training
-    patterns; a wording without a place is one of its combination's, so it comes with each quarter alike)."""
+    patterns; one without a place is drawn like any other, so no quarter's wordings say more than another's)."""
     rng = random.Random(seed)
     combinations = demo_scenes.seen_attributes()
     if prompts == "grammar":

@@ -97,12 +97,14 @@ def test_the_demo_model_draws_only_the_sizes_its_card_lists_and_auto_is_the_firs
     sizes = ModelCard.read(DEMO_MODEL_DIR).sizes
     assert sizes, "the demo card lists the sizes the judge found it draws"
     assert demo.models.retrieve("ardit").model_extra["sizes"] == sizes
-    # What OpenAI clients and chat UIs send unless told otherwise: a 400 that names the sizes, nothing drawn.
-    with pytest.raises(BadRequestError) as refused:
-        demo.images.generate(model="ardit", prompt="a red circle on a blue background", size="1024x1024")
-    error = refused.value.body
-    assert isinstance(error, dict) and (error["param"], error["code"]) == ("size", "invalid_size")
-    assert all(f"'{size}'" in error["message"] for size in [*sizes, "auto"]), error
+    # What OpenAI clients and chat UIs send unless told otherwise, and the next size up from the card's (one
+    # size multiple past it): a 400 that names the sizes, nothing drawn.
+    for unlisted in ("1024x1024", "80x80"):
+        with pytest.raises(BadRequestError) as refused:
+            demo.images.generate(model="ardit", prompt="a red circle on a blue background", size=unlisted)
+        error = refused.value.body
+        assert isinstance(error, dict) and (error["param"], error["code"]) == ("size", "invalid_size")
+        assert all(f"'{size}'" in error["message"] for size in [*sizes, "auto"]), error
     auto = demo.images.generate(model="ardit", prompt="a red circle on a blue background", extra_body={"seed": 1})
     assert auto.size == sizes[0] and picture(auto).size == parse_size(sizes[0])
 
