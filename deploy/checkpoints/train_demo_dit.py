@@ -13,9 +13,11 @@ Phases, all seeded and with a fixed number of steps (same seed, same torch build
 weights):
 
 1. scenes: ``IMAGES`` pictures of the seen attribute combinations (``demo_scenes``; the held-out colour x
-   shape pairs are in no picture and no prompt), with ``WORDINGS_PER_COMBINATION`` prompt wordings per
-   combination, from ``demo_scenes``' templates or, with ``--prompts grammar``, from ``prompt_grammar``'s
-   training patterns (its held-out patterns in no prompt);
+   shape pairs are in no picture and no prompt), and their captions: ``PLACED_WORDINGS`` per combination
+   that name its quarter (``prompt_grammar``'s training patterns, its held-out patterns in no prompt, and
+   ``TEMPLATED_WORDINGS`` of them from ``demo_scenes``' eight templates), and ``UNPLACED_WORDINGS`` per
+   colour x shape x background that name none, shared by its four quarters, so that a picture captioned
+   without a place has its quarter drawn at random;
 2. rows: the rows the AR service streams for each wording and for the AR's default negative prompt " "
    (``demo_rows``), which stands for "no prompt" in the 10% of DiT steps trained without one, so that CFG
    at serving time subtracts exactly what the service sends;
@@ -26,12 +28,22 @@ weights):
    ``latents_mean``/``latents_std``, which the pipeline undoes before decoding;
 5. dit: ``QwenImageTransformer2DModel`` with rectified flow (x_t = (1 - s) x0 + s noise, target noise - x0),
    the noise level s drawn from the very sigmas the pipeline's scheduler (dynamic shifting, at 64x64) steps
-   through at inference for 2-50 steps; an EMA of the weights is what is saved.
+   through at inference for 2-50 steps; for the first ``TEMPLATE_STEPS`` steps each picture is captioned by
+   one of its templated wordings, then by one of its unplaced wordings in ``NO_PLACE_RATE`` of the steps
+   and by any placed one otherwise; an EMA of the weights is what is saved.
+
+Why templates first: trained on the grammar's captions from the start, the DiT learned the colours and
+never the quarter (0.23-0.26, chance 0.25), with the shape at 0.40-0.46; with half the placed captions
+templated, quarter 0.33-0.48. The same data with the templates alone for the first half of the steps gives
+quarter 1.00 in every group and the shape 0.60-0.78 on seen pairs (``benchmarks/demo_dit_ablation.py``,
+``benchmarks/results/demo_dit_ablation.json``). Our reading, not measured: a template puts the place at
+the same spot, mostly just before the chat template's tail, so the DiT first learns to read it there, and
+then, on the grammar's captions, to find it anywhere.
 
 Usage (from the repository root)::
 
     python -m deploy.checkpoints.train_demo_dit [--out deploy/checkpoints/ardit-demo] [--ar-model DIR] [--seed 0] \\
-        [--prompts templates|grammar] [--vae-from DIR]
+        [--vae-from DIR] [--templated-wordings 8] [--template-steps 2500]
 """
 
 from __future__ import annotations
@@ -66,7 +78,11 @@ from deploy.checkpoints.demo_rows import PromptRows
 
 TORCH_THREADS = 2
 IMAGES = 30_000
-WORDINGS_PER_COMBINATION = 6
+PLACED_WORDINGS = 16
+UNPLACED_WORDINGS = 16
+TEMPLATED_WORDINGS = 8
+TEMPLATE_STEPS = 2_500
+NO_PLACE_RATE = 0.15
 NULL_PROMPT = ArSettings().default_negative_prompt
 NULL_PROMPT_RATE = 0.1
 
@@ -123,7 +139,18 @@ class Scenes:
     pixels: torch.Tensor  # [N, 3, 64, 64] uint8
     combination: torch.Tensor  # [N] index into combinations
     combinations: list[demo_scenes.Attributes]
-    wordings: list[list[str]]  # per combination
+
+
+@dataclass
+class Wordings:
+    """Every distinct training prompt, and which of them may caption each combination's pictures."""
+
+    texts: list[str]
+    placed: torch.Tensor  # [combinations, k] indices into texts: wordings that name the combination's quarter
+    # [combinations, k]: wordings that name no place, the same row for the four quarters of a colour x shape x
+    # background: such a caption says nothing of the quarter, so no quarter may own it.
+    unplaced: torch.Tensor
+    templated: int  # the last this many of each row of ``placed`` are the eight templates' wordings
 
 
 def log(message: str) -> None:
@@ -134,25 +161,44 @@ def to_unit_range(pixels: torch.Tensor) -> torch.Tensor:
     return pixels.float() / 127.5 - 1.0
 
 
-def draw_scenes(seed: int, prompts: str) -> Scenes:
-    """``prompts``: "templates" (``demo_scenes``' eight sentences) or "grammar" (``prompt_grammar``'s training
-    patterns; one without a place is drawn like any other, so no quarter's wordings say more than another's)."""
+def draw_scenes(seed: int) -> Scenes:
     rng = random.Random(seed)
     combinations = demo_scenes.seen_attributes()
-    if prompts == "grammar":
-        patterns = prompt_grammar.TRAINING_PATTERNS
-        wordings = [
-            [prompt_grammar.describe(a, rng.choice(patterns), rng) for _ in range(WORDINGS_PER_COMBINATION)]
-            for a in combinations
-        ]
-    else:
-        wordings = [demo_scenes.sample_wordings(a, WORDINGS_PER_COMBINATION, rng) for a in combinations]
     chosen = [rng.randrange(len(combinations)) for _ in range(IMAGES)]
     pixels = torch.empty((IMAGES, 3, demo_scenes.SIZE, demo_scenes.SIZE), dtype=torch.uint8)
     for i, c in enumerate(chosen):
         image = demo_scenes.draw(demo_scenes.random_scene(combinations[c], rng))
         pixels[i] = torch.from_numpy(np.array(image)).permute(2, 0, 1)
-    return Scenes(pixels, torch.tensor(chosen), combinations, wordings)
+    return Scenes(pixels, torch.tensor(chosen), combinations)
+
+
+def draw_wordings(
+    combinations: list[demo_scenes.Attributes], seed: int, placed: int, unplaced: int, templated: int = 0
+) -> Wordings:
+    """``templated``: how many of each combination's ``placed`` wordings come from ``demo_scenes``' eight
+    templates rather than the grammar."""
+    rng = random.Random(f"{seed}-wordings")
+    placed_patterns = [p for p in prompt_grammar.TRAINING_PATTERNS if p.place]
+    unplaced_patterns = [p for p in prompt_grammar.TRAINING_PATTERNS if not p.place]
+    texts: list[str] = []
+
+    def new_texts(asked: demo_scenes.Attributes, patterns: list[prompt_grammar.Pattern], count: int) -> list[int]:
+        texts.extend(prompt_grammar.describe(asked, rng.choice(patterns), rng) for _ in range(count))
+        return list(range(len(texts) - count, len(texts)))
+
+    placed_ids = []
+    for a in combinations:
+        ids = new_texts(a, placed_patterns, placed - templated)
+        texts.extend(demo_scenes.sample_wordings(a, templated, rng))
+        placed_ids.append(ids + list(range(len(texts) - templated, len(texts))))
+    shared: dict[tuple[str, str, str], list[int]] = {}
+    unplaced_ids = []
+    for a in combinations:
+        key = (a.shape, a.colour, a.background)
+        if key not in shared:
+            shared[key] = new_texts(a, unplaced_patterns, unplaced)
+        unplaced_ids.append(shared[key])
+    return Wordings(texts, torch.tensor(placed_ids), torch.tensor(unplaced_ids), templated)
 
 
 def cosine_lr(step: int, total: int, peak: float) -> float:
@@ -264,12 +310,12 @@ def sample_sigmas(table: torch.Tensor, count: int, generator: torch.Generator) -
 
 
 class RowTable:
-    """Every conditioning the DiT trains on (each wording of each combination, then the null prompt's), padded
-    once: a batch is a gather and a slice rather than a Python loop of copies (that loop was a fifth of a step).
+    """Every conditioning the DiT trains on (each training prompt's rows, then the null prompt's), padded once:
+    a batch is a gather and a slice rather than a Python loop of copies (that loop was a fifth of a step).
     Valid rows first, zeros after, and a 0/1 mask: the layout the DiT service builds."""
 
-    def __init__(self, rows: list[list[torch.Tensor]], null_rows: torch.Tensor) -> None:
-        flat = [r for per_combination in rows for r in per_combination] + [null_rows]
+    def __init__(self, rows: list[torch.Tensor], null_rows: torch.Tensor) -> None:
+        flat = [*rows, null_rows]
         self.null = len(flat) - 1
         self.lengths = torch.tensor([r.shape[0] for r in flat])
         self.embeds = torch.zeros((len(flat), int(self.lengths.max()), null_rows.shape[1]))
@@ -285,13 +331,16 @@ class RowTable:
 
 def train_dit(
     latents: torch.Tensor,
-    scenes: Scenes,
-    rows: list[list[torch.Tensor]],
+    combination: torch.Tensor,
+    wordings: Wordings,
+    rows: list[torch.Tensor],
     null_rows: torch.Tensor,
     seed: int,
     steps: int,
+    template_steps: int,
 ) -> tuple[QwenImageTransformer2DModel, list[float]]:
-    """``latents``: normalised, packed [N, tokens, channels]; ``rows[c][w]``: wording w of combination c."""
+    """``latents``: normalised, packed [N, tokens, channels], picture i of ``combination[i]``; ``rows[t]``: the
+    rows of ``wordings.texts[t]``; the first ``template_steps`` steps caption with the templated wordings only."""
     torch.manual_seed(seed)
     model = QwenImageTransformer2DModel(**DIT_CONFIG, joint_attention_dim=null_rows.shape[1])
     ema = copy.deepcopy(model).requires_grad_(False)
@@ -305,10 +354,18 @@ def train_dit(
     for step in range(steps):
         set_lr(optimizer, cosine_lr(step, steps, DIT_LR))
         index = torch.randint(len(latents), (DIT_BATCH,), generator=generator)
-        wording = torch.randint(WORDINGS_PER_COMBINATION, (DIT_BATCH,), generator=generator)
+        shown = combination[index]
+        first = wordings.placed.shape[1] - wordings.templated if step < template_steps else 0
+        placed = wordings.placed[
+            shown, torch.randint(first, wordings.placed.shape[1], (DIT_BATCH,), generator=generator)
+        ]
+        unplaced = wordings.unplaced[
+            shown, torch.randint(wordings.unplaced.shape[1], (DIT_BATCH,), generator=generator)
+        ]
+        no_place = (torch.rand(DIT_BATCH, generator=generator) < NO_PLACE_RATE) & (step >= template_steps)
         unconditioned = torch.rand(DIT_BATCH, generator=generator) < NULL_PROMPT_RATE
-        ids = scenes.combination[index] * WORDINGS_PER_COMBINATION + wording
-        embeds, mask = table.batch(torch.where(unconditioned, table.null, ids))
+        ids = torch.where(unconditioned, table.null, torch.where(no_place, unplaced, placed))
+        embeds, mask = table.batch(ids)
         clean = latents[index]
         noise = torch.randn(clean.shape, generator=generator)
         sigma = sample_sigmas(sigma_table, DIT_BATCH, generator)
@@ -388,10 +445,16 @@ def main(argv: list[str] | None = None) -> int:
         help="reuse the VAE an earlier run wrote (OUT/vae, saved as soon as it is trained) instead of training one",
     )
     ap.add_argument(
-        "--prompts",
-        choices=("templates", "grammar"),
-        default="templates",
-        help="how the training prompts are worded: the eight templates (the committed model) or the grammar",
+        "--templated-wordings",
+        type=int,
+        default=TEMPLATED_WORDINGS,
+        help=f"how many of the {PLACED_WORDINGS} placed wordings of a combination come from the eight templates",
+    )
+    ap.add_argument(
+        "--template-steps",
+        type=int,
+        default=TEMPLATE_STEPS,
+        help="DiT steps at the start that caption with the templated wordings only",
     )
     args = ap.parse_args(argv)
     torch.set_num_threads(args.torch_threads)
@@ -407,12 +470,14 @@ def main(argv: list[str] | None = None) -> int:
         return now
 
     clock = started
-    scenes = draw_scenes(args.seed, args.prompts)
+    scenes = draw_scenes(args.seed)
+    wordings = draw_wordings(
+        scenes.combinations, args.seed, PLACED_WORDINGS, UNPLACED_WORDINGS, args.templated_wordings
+    )
     clock = phase_done("scenes", clock)
 
     encoder = PromptRows(args.ar_model.expanduser(), ArSettings().prompt_template)
-    flat = encoder.rows([w for ws in scenes.wordings for w in ws])
-    rows = [flat[i : i + WORDINGS_PER_COMBINATION] for i in range(0, len(flat), WORDINGS_PER_COMBINATION)]
+    rows = encoder.rows(wordings.texts)
     null_rows = encoder.rows([NULL_PROMPT])[0]
     del encoder
     clock = phase_done("rows", clock)
@@ -433,7 +498,9 @@ def main(argv: list[str] | None = None) -> int:
     packed = pack((latents - channel_mean[:, None, None]) / channel_std[:, None, None])
     clock = phase_done("latents", clock)
 
-    transformer, dit_losses = train_dit(packed, scenes, rows, null_rows, args.seed, args.dit_steps)
+    transformer, dit_losses = train_dit(
+        packed, scenes.combination, wordings, rows, null_rows, args.seed, args.dit_steps, args.template_steps
+    )
     clock = phase_done("dit", clock)
 
     pipeline = QwenImagePipeline(
@@ -463,8 +530,14 @@ def main(argv: list[str] | None = None) -> int:
         "data": {
             "images": IMAGES,
             "seen_combinations": len(scenes.combinations),
-            "wordings_per_combination": WORDINGS_PER_COMBINATION,
-            "prompts": args.prompts,
+            "prompts": "grammar",
+            "placed_wordings_per_combination": PLACED_WORDINGS,
+            "unplaced_wordings_per_picture": UNPLACED_WORDINGS,
+            "templated_of_the_placed": args.templated_wordings,
+            "template_only_dit_steps": args.template_steps,
+            "distinct_prompts": len(wordings.texts),
+            "no_place_rate": NO_PLACE_RATE,
+            "held_out_patterns": sorted(str(p) for p in prompt_grammar.HELD_OUT_PATTERNS),
             "held_out_pairs": sorted(demo_scenes.HELD_OUT_PAIRS),
         },
         "vae": {

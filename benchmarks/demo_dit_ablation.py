@@ -1,0 +1,110 @@
+"""What to spend the demo model's training budget on: whole training runs that differ in one thing, judged alike.
+
+Each argument is a folder ``deploy/checkpoints/train_demo_dit.py`` wrote (its recipe in ``training_record.json``).
+Each is judged on the prompt-following benchmark's four grammar groups (``benchmarks/prompt_following.py``'s
+prompts and judge), offline: the pipeline the DiT service runs, the rows the AR streams (``PromptRows``, checked
+against the engine by tests/deploy/test_demo_rows.py), guidance 2 against the null prompt, 20 steps, no step
+cache. A group is rendered as one batch, which gives each picture what it gets alone (to 1e-5). Only whole runs
+are compared: runs of 1,200 DiT steps were tried first and rank nothing, every variant still at chance on shape,
+colour and quarter there. The served model's own figures come from the services (``prompt_following.py``).
+
+    python -m benchmarks.demo_dit_ablation DIR [DIR ...] [--prompts 40] [--seeds 2] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+
+import torch
+from diffusers.models.autoencoders.autoencoder_kl_qwenimage import AutoencoderKLQwenImage
+from diffusers.models.transformers.transformer_qwenimage import QwenImageTransformer2DModel
+from diffusers.pipelines.qwenimage.pipeline_qwenimage import QwenImagePipeline
+from diffusers.schedulers.scheduling_flow_match_euler_discrete import FlowMatchEulerDiscreteScheduler
+
+from ar_service.settings import ArSettings
+from benchmarks.prompt_following import GRAMMAR_GROUPS, accuracy, correct, correct_without_place, grammar_prompts
+from benchmarks.prompt_judge import judge
+from deploy.checkpoints import train_demo_dit as recipe
+from deploy.checkpoints.build_tiny_qwen_image import SCHEDULER_CONFIG
+from deploy.checkpoints.demo_rows import PromptRows
+
+RESULTS = Path(__file__).parent / "results"
+GUIDANCE = 2.0
+STEPS = 20
+
+
+@torch.no_grad()
+def judge_groups(model_dir: Path, encoder: PromptRows, null_rows: torch.Tensor, prompts: int, seeds: int) -> dict:
+    pipeline = QwenImagePipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(**SCHEDULER_CONFIG),
+        vae=AutoencoderKLQwenImage.from_pretrained(str(model_dir / "vae")).eval(),
+        text_encoder=None,  # type: ignore[arg-type]
+        tokenizer=None,  # type: ignore[arg-type]
+        transformer=QwenImageTransformer2DModel.from_pretrained(str(model_dir / "transformer")).eval(),
+    )
+    pipeline.set_progress_bar_config(disable=True)
+    result = {}
+    for group in GRAMMAR_GROUPS:
+        cases = grammar_prompts(group, prompts)
+        table = recipe.RowTable(encoder.rows([text for text, _ in cases]), null_rows)
+        embeds, mask = table.batch(torch.arange(len(cases)))
+        null, null_mask = table.batch(torch.full((len(cases),), table.null))
+        score = correct_without_place if group == "no_place" else correct
+        hits = []
+        for seed in range(seeds):
+            pictures = pipeline(
+                prompt_embeds=embeds,
+                prompt_embeds_mask=mask,
+                negative_prompt_embeds=null,
+                negative_prompt_embeds_mask=null_mask,
+                true_cfg_scale=GUIDANCE,
+                max_sequence_length=max(embeds.shape[1], null.shape[1]),
+                height=64,
+                width=64,
+                num_inference_steps=STEPS,
+                generator=[torch.Generator("cpu").manual_seed(seed) for _ in cases],
+            ).images
+            hits += [score(judge(p), asked) for p, (_, asked) in zip(pictures, cases, strict=True)]
+        result[group] = accuracy(hits)
+    return result
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("models", nargs="+", type=Path, help="folders train_demo_dit.py wrote")
+    ap.add_argument("--prompts", type=int, default=40, help="prompts in each of the four groups")
+    ap.add_argument("--seeds", type=int, default=2, help="seeds per prompt")
+    ap.add_argument("--out", type=Path, default=RESULTS / "demo_dit_ablation.json")
+    args = ap.parse_args()
+    torch.set_num_threads(recipe.TORCH_THREADS)
+    encoder = PromptRows(ArSettings().model_dir, ArSettings().prompt_template)
+    null_rows = encoder.rows([recipe.NULL_PROMPT])[0]
+    report: dict = {
+        "command": "python -m benchmarks.demo_dit_ablation " + " ".join(sys.argv[1:]),
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+        "prompts_per_group": args.prompts,
+        "seeds": args.seeds,
+        "guidance_scale": GUIDANCE,
+        "num_inference_steps": STEPS,
+        "runs": {},
+    }
+    for model_dir in args.models:
+        record = json.loads((model_dir / "training_record.json").read_text())
+        scores = judge_groups(model_dir, encoder, null_rows, args.prompts, args.seeds)
+        report["runs"][str(model_dir)] = {
+            "training": {k: record[k] for k in ("command", "seconds", "data")} | {"dit": record["dit"]},
+            "accuracy": scores,
+        }
+        print(model_dir, json.dumps(scores), flush=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
