@@ -21,21 +21,24 @@ from pathlib import Path
 from openai import OpenAI
 from PIL import Image, ImageDraw, ImageFont
 
+# Written as people write, in the grammar's patterns (deploy/checkpoints/prompt_grammar.py): some in patterns the
+# model was never trained on (a request that names the background first, a statement that starts with the place),
+# some naming no place (the quarter is then the model's to choose).
 SEEN = [
-    "a red circle on a blue background, in the top left",
-    "blue background, red disc in the upper left corner",
-    "a yellow square at the bottom right on black",
-    "a white triangle on a green background, in the top right",
-    "green background, black box at the lower left",
-    "there is a blue triangle in the top-right corner; the background is yellow",
-    "a plain white background with a red triangle in the bottom-left corner",
-    "on black: one green circle, at the lower right",
+    "draw a red circle on a blue background in the top left",
+    "On yellow, can you draw a blue triangle in the upper right?",
+    "In the lower left, there is a black box on a green background.",
+    "white triangle, green background",
+    "I need a simple picture: a crimson disc against a cobalt backdrop, bottom right",
+    "SCARLET BALL ON BLACK",
+    "golden square, top-left corner, black background",
+    "please draw a green circle on white",
 ]
 HELD_OUT = [
     "a green triangle on a white background, in the top left",
-    "a yellow circle on a blue background, in the top right",
-    "a blue square on a yellow background, at the lower left",
-    "black background, green triangular shape in the bottom right",
+    "show me a yellow circle on blue, upper right",
+    "Against yellow, paint a blue square in the lower left",
+    "black background, green wedge in the bottom right",
 ]
 SCALE = 3
 COLUMNS = 4
