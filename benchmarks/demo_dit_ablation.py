@@ -29,6 +29,7 @@ from diffusers.schedulers.scheduling_flow_match_euler_discrete import FlowMatchE
 from ar_service.settings import ArSettings
 from benchmarks.prompt_following import GRAMMAR_GROUPS, accuracy, correct, correct_without_place, grammar_prompts
 from benchmarks.prompt_judge import judge
+from deploy.checkpoints import demo_scenes
 from deploy.checkpoints import train_demo_dit as recipe
 from deploy.checkpoints.build_tiny_qwen_image import SCHEDULER_CONFIG
 from deploy.checkpoints.demo_rows import PromptRows
@@ -64,8 +65,8 @@ def judge_groups(model_dir: Path, encoder: PromptRows, null_rows: torch.Tensor, 
                 negative_prompt_embeds_mask=null_mask,
                 true_cfg_scale=GUIDANCE,
                 max_sequence_length=max(embeds.shape[1], null.shape[1]),
-                height=64,
-                width=64,
+                height=demo_scenes.SIZE,
+                width=demo_scenes.SIZE,
                 num_inference_steps=STEPS,
                 generator=[torch.Generator("cpu").manual_seed(seed) for _ in cases],
             ).images
