@@ -31,10 +31,15 @@ from services.tracing import current_traceparent, otlp_traces_endpoint
 
 if TYPE_CHECKING:
     from vllm import RequestOutput
+    from vllm.config import VllmConfig
     from vllm.inputs import TokensPrompt
     from vllm.v1.engine.async_llm import AsyncLLM
 
 log = logging.getLogger("ardit.ar.engine")
+
+# vLLM imports this in its CPU worker process (a name, so this process does not install it) when the
+# worker is not to busy-poll: it then polls asleep, leaving its core to the DiT (worker_wait.py).
+SLEEPING_WORKER = "ar_service.engine.worker_wait.SleepingWorker"
 
 # How often a running engine is checked for death: readiness, and every request in flight, learn of it within this.
 DEATH_CHECK_SECONDS = 0.2
@@ -115,6 +120,7 @@ class HiddenStateEngine:
     def start(self) -> None:
         from vllm.config import CompilationConfig, CompilationMode, KVEventsConfig
         from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
         s = self.settings
@@ -128,7 +134,7 @@ class HiddenStateEngine:
             # sha256 block hashes are reproducible across processes and restarts.
             prefix_caching_hash_algo="sha256",
             kv_cache_memory_bytes=s.kv_cache_bytes,
-            max_model_len=s.max_model_len,
+            max_model_len=s.model_len,
             max_num_seqs=s.max_num_seqs,
             max_num_batched_tokens=s.max_num_batched_tokens,
             compilation_config=CompilationConfig(
@@ -137,7 +143,6 @@ class HiddenStateEngine:
             # Capture reads rows in the scheduler step that computed them; async scheduling
             # would make num_computed_tokens run ahead of what is written.
             async_scheduling=False,
-            disable_log_stats=False,
             kv_events_config=KVEventsConfig(
                 enable_kv_cache_events=True, publisher="zmq", endpoint=s.kv_events_endpoint, topic=s.kv_events_topic
             )
@@ -145,10 +150,15 @@ class HiddenStateEngine:
             else None,
             # vLLM's own request spans (queue, prefill, decode times) join ardit's traces when OTLP is on.
             otlp_traces_endpoint=otlp_traces_endpoint(),
+            worker_extension_cls="" if s.cpu_worker_busy_poll or not current_platform.is_cpu() else SLEEPING_WORKER,
             **extra,
         )
         started = time.perf_counter()
-        self._engine = AsyncLLM.from_engine_args(args)
+        config = args.create_engine_config()
+        if s.kv_cache_bytes is None:  # sized in tokens once vLLM has chosen the block size
+            cache = config.cache_config
+            cache.kv_cache_memory_bytes = s.kv_cache_tokens(cache.block_size) * _kv_bytes_per_token(config, self.dtype)
+        self._engine = AsyncLLM.from_vllm_config(config, disable_log_stats=False)
         log.info(
             "engine up in %.1fs: %s, block size %d, prefix caching %s, capture %s (layer %d, final norm %s)",
             time.perf_counter() - started,
@@ -352,3 +362,10 @@ class _EngineRun:
     async def wait_for_tokens(self) -> None:
         await self._tokens.wait()
         self._tokens.clear()
+
+
+def _kv_bytes_per_token(config: VllmConfig, dtype: torch.dtype) -> int:
+    """What one token takes in the KV cache: its keys and values in every layer, and its captured row."""
+    model, parallel = config.model_config, config.parallel_config
+    keys_and_values = 2 * model.get_num_layers(parallel) * model.get_num_kv_heads(parallel) * model.get_head_size()
+    return (keys_and_values + model.get_hidden_size()) * dtype.itemsize

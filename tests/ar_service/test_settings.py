@@ -14,3 +14,17 @@ def test_kv_events_are_off_and_would_bind_loopback_only_unless_an_operator_says_
     assert settings.kv_events_publisher == "off"
     # The events carry every user's prompt token ids: never on all interfaces by default.
     assert urlsplit(settings.kv_events_endpoint).hostname == "127.0.0.1"
+
+
+def test_the_engine_takes_the_longest_request_the_api_admits_unless_told_otherwise():
+    settings = ArSettings()
+    assert settings.model_len == settings.max_prompt_tokens + settings.max_new_tokens_limit == 1536
+    assert ArSettings(max_model_len=8192).model_len == 8192
+
+
+def test_the_kv_cache_holds_the_longest_request_and_one_block_for_each_other_sequence():
+    settings = ArSettings()
+    assert settings.kv_cache_bytes is None
+    # 1,536 tokens fill 12 blocks of 128 (the CPU engine's block); the other 15 sequences one each.
+    assert settings.kv_cache_tokens(128) == (12 + 15) * 128
+    assert ArSettings(max_num_seqs=1, max_new_tokens_limit=1).kv_cache_tokens(128) == 9 * 128

@@ -120,7 +120,7 @@ def test_gpu_variant_sizes_for_a_real_qwen_image_and_cpu_keeps_the_demo_defaults
     assert not {"ARDIT_DIT_DEFAULT_SIZE", "ARDIT_DIT_SIZES", "ARDIT_DIT_DEFAULT_NUM_INFERENCE_STEPS"} & set(cpu_dit)
     for key in list(gpu_env) + list(gpu_dit):
         monkeypatch.delenv(key, raising=False)
-    assert ArSettings().kv_cache_bytes < int(gpu_env["ARDIT_AR_KV_CACHE_BYTES"])
+    assert ArSettings().kv_cache_bytes is None  # sized in tokens, for the demo's short prompts
     assert DitSettings().default_size is None  # the model card's (or 256x256), the demo's size
     assert DitSettings().sizes is None  # the model card's list
 

@@ -1,6 +1,7 @@
 """The pair as `make run` starts it: ``python -m services.launcher`` in a subprocess, at its defaults.
 
-Only the ports (free loopback ones) and, where a test says so, the DiT's model directory change.
+Only the ports (free loopback ones) and, where a test says so, the DiT's model directory and the
+settings it names change.
 The services run in processes of their own, as users get them (no test code shares their GIL).
 """
 
@@ -58,9 +59,11 @@ def ready(url: str) -> bool:
 
 
 @contextmanager
-def launched_pair(log: Path, dit_model_dir: Path | None = None) -> Iterator[Pair]:
+def launched_pair(
+    log: Path, dit_model_dir: Path | None = None, settings: dict[str, str] | None = None
+) -> Iterator[Pair]:
     ar_port, dit_port = free_port(), free_port()
-    env = dict(os.environ, ARDIT_AR_PORT=str(ar_port), ARDIT_DIT_PORT=str(dit_port))
+    env = dict(os.environ, **(settings or {}), ARDIT_AR_PORT=str(ar_port), ARDIT_DIT_PORT=str(dit_port))
     if dit_model_dir is not None:
         env["ARDIT_DIT_MODEL_DIR"] = str(dit_model_dir)
     with log.open("wb") as out:
