@@ -1,0 +1,156 @@
+"""Where ardit's memory goes at ``make run``'s defaults, process by process.
+
+Starts the pair as ``make run`` does (``python -m services.launcher``, on free ports, with whatever
+``ARDIT_*`` settings the environment holds), serves ``--requests`` images at ``--concurrency``, then
+reads each process of the tree: RSS (what "peak RSS" sums), PSS (shared library pages split between
+the processes that map them) and USS (pages only it holds). The vLLM worker's largest mappings are
+listed one by one (its heap holds the weights, an anonymous mapping the KV cache), so a change in
+one of them shows. The peak of the tree's summed RSS is sampled every 0.25 s over the run, as
+``peer_compare.py`` does.
+
+    python benchmarks/memory_table.py --label sized_kv [--requests 24] [--concurrency 8]
+    ARDIT_AR_KV_CACHE_BYTES=536870912 ARDIT_AR_MAX_MODEL_LEN=8192 python benchmarks/memory_table.py --label fixed_kv
+
+Each run is added under its label to ``--out`` (benchmarks/results/memory_table.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import paired
+import psutil
+
+MAPPINGS_LISTED = 6
+
+
+def role(process: psutil.Process) -> str:
+    command = " ".join(process.cmdline())
+    for marker, name in (
+        ("VLLM::Worker", "vLLM worker (model, KV cache)"),
+        ("VLLM::EngineCore", "vLLM engine core (scheduler)"),
+        ("-m ar_service", "AR API process (HTTP, tokenizer, AsyncLLM client)"),
+        ("-m dit_service", "DiT (pipeline, weights, renders)"),
+        ("services.launcher", "launcher"),
+        ("resource_tracker", "multiprocessing resource tracker"),
+    ):
+        if marker in command:
+            return name
+    return command[:60]
+
+
+def largest_mappings(pid: int) -> list[dict]:
+    """The process's largest resident mappings: heap, anonymous regions and files, in MB."""
+    mappings: list[dict] = []
+    current: dict | None = None
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        fields = line.split()
+        if "-" in fields[0] and not fields[0].endswith(":"):
+            current = {"mapping": fields[5] if len(fields) > 5 else "[anonymous]", "rss_mb": 0.0}
+            mappings.append(current)
+        elif fields[0] == "Rss:" and current is not None:
+            current["rss_mb"] = round(int(fields[1]) / 1024, 1)
+    mappings.sort(key=lambda m: -m["rss_mb"])
+    return mappings[:MAPPINGS_LISTED]
+
+
+def serve(url: str, requests: int, concurrency: int) -> float:
+    def one(index: int) -> None:
+        body = {"prompt": f"a red circle number {index} in the top left", "seed": index}
+        response = httpx.post(f"{url}/v1/images/generations", json=body, timeout=600)
+        response.raise_for_status()
+
+    started = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+        list(pool.map(one, range(requests)))
+    return time.monotonic() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--label", required=True)
+    parser.add_argument("--requests", type=int, default=24)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--out", type=Path, default=paired.RESULTS / "memory_table.json")
+    args = parser.parse_args()
+
+    ar_port, dit_port = paired.free_port(), paired.free_port()
+    env = os.environ | {"ARDIT_AR_PORT": str(ar_port), "ARDIT_DIT_PORT": str(dit_port), "ARDIT_AR_LOG_LEVEL": "WARNING"}
+    launcher = paired.child([sys.executable, "-m", "services.launcher"], env=env, cwd=paired.REPO)
+    root, url = psutil.Process(launcher.pid), f"http://127.0.0.1:{ar_port}"
+    peak, done = 0, threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not done.wait(0.25):
+            try:
+                peak = max(peak, paired.tree_rss(root))
+            except psutil.Error:
+                continue
+
+    try:
+        deadline = time.monotonic() + 900
+        while not _ready(url):
+            if time.monotonic() > deadline or launcher.poll() is not None:
+                raise RuntimeError("the pair did not come up")
+            time.sleep(1)
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        seconds = serve(url, args.requests, args.concurrency)
+        processes = []
+        for process in [root, *root.children(recursive=True)]:
+            memory = process.memory_full_info()
+            row = {
+                "process": role(process),
+                "rss_mb": round(memory.rss / 2**20),
+                "pss_mb": round(memory.pss / 2**20),
+                "uss_mb": round(memory.uss / 2**20),
+                "threads": process.num_threads(),
+            }
+            if "worker" in row["process"]:
+                row["largest_mappings"] = largest_mappings(process.pid)
+            processes.append(row)
+    finally:
+        done.set()
+        launcher.send_signal(2)
+        try:
+            launcher.wait(120)
+        except subprocess.TimeoutExpired:
+            launcher.kill()
+    settings = {k: v for k, v in os.environ.items() if k.startswith("ARDIT_")}
+    run = {
+        "command": " ".join([*(f"{k}={v}" for k, v in settings.items()), "python", *sys.argv]),
+        "machine": paired.machine(),
+        "load": paired.load(),
+        "served": {"requests": args.requests, "concurrency": args.concurrency, "seconds": round(seconds, 1)},
+        "peak_tree_rss_mb": round(peak / 2**20),
+        "after_serving": {
+            "processes": processes,
+            "total_rss_mb": sum(p["rss_mb"] for p in processes),
+            "total_pss_mb": sum(p["pss_mb"] for p in processes),
+        },
+    }
+    report = json.loads(args.out.read_text()) if args.out.exists() else {}
+    report[args.label] = run
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(run["after_serving"], indent=2), f"\npeak tree RSS {run['peak_tree_rss_mb']} MB")
+
+
+def _ready(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+if __name__ == "__main__":
+    main()
