@@ -100,11 +100,7 @@ def main() -> None:
     url = f"http://127.0.0.1:{ar_port}"
     launcher = paired.child([sys.executable, "-m", "services.launcher"], env=env, stdout=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 900
-        while not _ready(url):
-            if time.monotonic() > deadline or launcher.poll() is not None:
-                raise RuntimeError("the pair did not become ready")
-            time.sleep(1)
+        paired.wait_ready(url, launcher)
         one(url, 0, args.size, args.steps)  # warm
         rounds = []
         for round_index in range(args.rounds):
@@ -195,13 +191,6 @@ async def over_capacity(ar_url: str, dit_url: str, over: float, size: str, steps
 
 def _bands() -> list[tuple[float, float]]:
     return list(zip((-math.inf, *HISTOGRAM_BOUNDS[:-1]), HISTOGRAM_BOUNDS, strict=True))
-
-
-def _ready(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
-    except httpx.TransportError:
-        return False
 
 
 if __name__ == "__main__":

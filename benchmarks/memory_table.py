@@ -98,11 +98,7 @@ def main() -> None:
                 continue
 
     try:
-        deadline = time.monotonic() + 900
-        while not _ready(url):
-            if time.monotonic() > deadline or launcher.poll() is not None:
-                raise RuntimeError("the pair did not come up")
-            time.sleep(1)
+        paired.wait_ready(url, launcher)
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
         seconds = serve(url, args.requests, args.concurrency)
@@ -143,13 +139,6 @@ def main() -> None:
     report[args.label] = run
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(run["after_serving"], indent=2), f"\npeak tree RSS {run['peak_tree_rss_mb']} MB")
-
-
-def _ready(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
-    except httpx.TransportError:
-        return False
 
 
 if __name__ == "__main__":

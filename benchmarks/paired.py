@@ -14,9 +14,11 @@ import socket
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psutil
 import torch
 
@@ -37,6 +39,23 @@ def child(args: list[str], **popen: Any) -> subprocess.Popen[bytes]:
     from services.lifetime import die_with_parent
 
     return subprocess.Popen(args, preexec_fn=lambda: die_with_parent(signal.SIGTERM), **popen)
+
+
+def wait_ready(url: str, process: subprocess.Popen[bytes], seconds: float = 900) -> None:
+    """Returns once ``url``'s ``/readyz`` answers 200; raises if ``process`` (what serves it) exits first,
+    or ``seconds`` pass."""
+    deadline = time.monotonic() + seconds
+    while not _answers_ready(url):
+        if time.monotonic() > deadline or process.poll() is not None:
+            raise RuntimeError(f"{url} did not become ready")
+        time.sleep(1)
+
+
+def _answers_ready(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
 
 
 def free_port() -> int:
