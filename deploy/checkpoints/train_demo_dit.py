@@ -30,7 +30,8 @@ weights):
    the noise level s drawn from the very sigmas the pipeline's scheduler (dynamic shifting, at 64x64) steps
    through at inference for 2-50 steps; for the first ``TEMPLATE_STEPS`` steps each picture is captioned by
    one of its templated wordings, then by one of its unplaced wordings in ``NO_PLACE_RATE`` of the steps
-   and by any placed one otherwise; an EMA of the weights is what is saved.
+   and by any placed one otherwise; the loss weighs the latent values the shape covers more
+   (``FOREGROUND_WEIGHT``); an EMA of the weights is what is saved.
 
 Why templates first: trained on the grammar's captions from the start, the DiT learned the colours and
 never the quarter (0.23-0.26, chance 0.25), with the shape at 0.40-0.46; with half the placed captions
@@ -40,10 +41,14 @@ quarter 1.00 in every group and the shape 0.60-0.78 on seen pairs (``benchmarks/
 the same spot, mostly just before the chat template's tail, so the DiT first learns to read it there, and
 then, on the grammar's captions, to find it anywhere.
 
+Why a weighted loss: with an even loss the DiT drew one rounded blob whatever the noun, read as a circle or a
+square by chance (shape 0.60-0.78 on seen pairs; six blocks instead of four, 0.64-0.74). With the shape's latent
+values weighed up to 5x, the same data and steps give 0.85-0.94 (``benchmarks/results/demo_dit_ablation.json``).
+
 Usage (from the repository root)::
 
     python -m deploy.checkpoints.train_demo_dit [--out deploy/checkpoints/ardit-demo] [--ar-model DIR] [--seed 0] \\
-        [--vae-from DIR] [--templated-wordings 8] [--template-steps 2500]
+        [--vae-from DIR] [--templated-wordings 8] [--template-steps 2500] [--dit-layers 4] [--foreground-weight 4]
 """
 
 from __future__ import annotations
@@ -110,12 +115,18 @@ DIT_CONFIG = {
     "patch_size": DIT_PATCH_SIZE,
     "in_channels": 4 * VAE_Z_DIM,  # 2x2 latent patches packed into channels
     "out_channels": VAE_Z_DIM,
-    "num_layers": 4,
     "attention_head_dim": 32,
     "num_attention_heads": 4,
     "guidance_embeds": False,
     "axes_dims_rope": [8, 12, 12],
 }
+# Six blocks drew the shape no better than four (``benchmarks/results/demo_dit_ablation.json``) at 1.4x the time.
+DIT_LAYERS = 4
+# The loss weighs each latent value by 1 + FOREGROUND_WEIGHT x the share of its pixels the shape covers. What tells
+# a circle from a square is a few latent values at the shape's corners, next to a background that fills about 90% of the
+# latent; with an even loss the four-block DiT drew a rounded blob for both words, whatever
+# the noun (``benchmarks/results/demo_dit_ablation.json``).
+FOREGROUND_WEIGHT = 4.0
 DIT_STEPS = 5_000
 DIT_BATCH = 64
 DIT_LR = 1e-3
@@ -280,6 +291,19 @@ def encode_latents(vae: AutoencoderKLQwenImage, scenes: Scenes) -> torch.Tensor:
     return torch.cat(chunks)
 
 
+def loss_weights(scenes: Scenes, foreground_weight: float) -> torch.Tensor:
+    """1 + ``foreground_weight`` x the share of each latent pixel's pixels that differ from the background,
+    packed like the latents (one weight for the ``VAE_Z_DIM`` channels of a latent pixel)."""
+    downsampling = 2 ** len(VAE_TEMPORAL_DOWNSAMPLE)
+    palette = torch.tensor([demo_scenes.PALETTE[c.background] for c in scenes.combinations], dtype=torch.uint8)
+    chunks = []
+    for pixels, combination in zip(scenes.pixels.split(1024), scenes.combination.split(1024), strict=True):
+        shape = (pixels != palette[combination][:, :, None, None]).any(dim=1, keepdim=True).float()
+        chunks.append(F.avg_pool2d(shape, downsampling))
+    coverage = torch.cat(chunks)
+    return pack(1.0 + foreground_weight * coverage.expand(-1, VAE_Z_DIM, -1, -1))
+
+
 def token_grid_side() -> int:
     """Image tokens along a side: the VAE's downsampling (2 per temporal-downsample entry, as diffusers counts
     it), then the pipeline's 2x2 patches."""
@@ -338,11 +362,14 @@ def train_dit(
     seed: int,
     steps: int,
     template_steps: int,
+    layers: int,
+    weights: torch.Tensor,
 ) -> tuple[QwenImageTransformer2DModel, list[float]]:
     """``latents``: normalised, packed [N, tokens, channels], picture i of ``combination[i]``; ``rows[t]``: the
-    rows of ``wordings.texts[t]``; the first ``template_steps`` steps caption with the templated wordings only."""
+    rows of ``wordings.texts[t]``; the first ``template_steps`` steps caption with the templated wordings only;
+    ``weights``: the loss's weight of each latent value, packed like ``latents``."""
     torch.manual_seed(seed)
-    model = QwenImageTransformer2DModel(**DIT_CONFIG, joint_attention_dim=null_rows.shape[1])
+    model = QwenImageTransformer2DModel(**DIT_CONFIG, num_layers=layers, joint_attention_dim=null_rows.shape[1])
     ema = copy.deepcopy(model).requires_grad_(False)
     optimizer = torch.optim.AdamW(model.parameters(), lr=DIT_LR, weight_decay=0.0)
     generator = torch.Generator().manual_seed(seed)
@@ -379,7 +406,8 @@ def train_dit(
             img_shapes=img_shapes,
             return_dict=False,
         )[0]
-        loss = F.mse_loss(prediction, noise - clean)
+        weight = weights[index]
+        loss = (weight * (prediction - (noise - clean)).pow(2)).sum() / weight.sum()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -432,6 +460,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--vae-steps", type=int, default=VAE_STEPS)
     ap.add_argument("--dit-steps", type=int, default=DIT_STEPS)
+    ap.add_argument("--dit-layers", type=int, default=DIT_LAYERS, help="transformer blocks of the DiT")
+    ap.add_argument(
+        "--foreground-weight",
+        type=float,
+        default=FOREGROUND_WEIGHT,
+        help="the loss's extra weight on latent values the shape covers (0: an even loss)",
+    )
     ap.add_argument(
         "--torch-threads",
         type=int,
@@ -499,7 +534,16 @@ def main(argv: list[str] | None = None) -> int:
     clock = phase_done("latents", clock)
 
     transformer, dit_losses = train_dit(
-        packed, scenes.combination, wordings, rows, null_rows, args.seed, args.dit_steps, args.template_steps
+        packed,
+        scenes.combination,
+        wordings,
+        rows,
+        null_rows,
+        args.seed,
+        args.dit_steps,
+        args.template_steps,
+        args.dit_layers,
+        loss_weights(scenes, args.foreground_weight),
     )
     clock = phase_done("dit", clock)
 
@@ -549,10 +593,11 @@ def main(argv: list[str] | None = None) -> int:
             "final_mse": float(np.mean(vae_losses[-200:])) if vae_losses else None,
         },
         "dit": {
-            "config": DIT_CONFIG,
+            "config": {**DIT_CONFIG, "num_layers": args.dit_layers},
             "steps": args.dit_steps,
             "batch": DIT_BATCH,
             "ema": DIT_EMA,
+            "foreground_weight": args.foreground_weight,
             "parameters": sum(p.numel() for p in transformer.parameters()),
             "final_loss": float(np.mean(dit_losses[-200:])),
         },

@@ -1,15 +1,17 @@
 """The demo model's captions: each picture's placed wordings name its quarter (the grammar's, then a share from
 the eight templates), and its unplaced ones name no place and are shared by its four quarters, so a caption
-without a place leaves the quarter to chance."""
+without a place leaves the quarter to chance. Its loss weighs the latent values the shape covers more."""
 
 from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
+import torch
 
 from deploy.checkpoints import demo_scenes, prompt_grammar
-from deploy.checkpoints.train_demo_dit import draw_wordings
+from deploy.checkpoints.train_demo_dit import VAE_Z_DIM, Scenes, draw_wordings, loss_weights, pack
 
 COMBINATIONS = demo_scenes.seen_attributes()
 PLACE_WORDS = re.compile(r"\b(top|upper|bottom|lower|left|right)\b", re.IGNORECASE)
@@ -48,3 +50,21 @@ def test_unplaced_wordings_name_no_place_and_are_the_same_for_the_four_quarters_
 def test_the_wordings_are_a_function_of_the_seed(wordings):
     assert draw_wordings(COMBINATIONS, seed=0, placed=4, unplaced=3, templated=1).texts == wordings.texts
     assert draw_wordings(COMBINATIONS, seed=1, placed=4, unplaced=3, templated=1).texts != wordings.texts
+
+
+def test_the_loss_weighs_each_latent_value_by_the_share_of_its_pixels_the_shape_covers():
+    asked = demo_scenes.Attributes("square", "black", "white", "top", "right")
+    # A 24-pixel square centred at (48, 16) covers x 36-60 and y 4-28: latent pixels (8 pixels a side) 4-7 across
+    # and 0-3 down, the middle 2x2 of them whole.
+    picture = demo_scenes.draw(demo_scenes.Scene(asked, size=24.0, dx=0.0, dy=0.0))
+    pixels = torch.from_numpy(np.array(picture)).permute(2, 0, 1)[None]
+    weights = loss_weights(Scenes(pixels, torch.tensor([0]), [asked]), foreground_weight=4.0)
+    touched = torch.zeros((1, VAE_Z_DIM, 8, 8), dtype=torch.bool)
+    touched[:, :, 0:4, 4:8] = True
+    inside = torch.zeros_like(touched)
+    inside[:, :, 1:3, 5:7] = True
+    assert weights.shape == (1, 16, 4 * VAE_Z_DIM)
+    assert torch.equal(weights[pack((~touched).float()).bool()], torch.ones(48 * VAE_Z_DIM))
+    assert torch.equal(weights[pack(inside.float()).bool()], torch.full((4 * VAE_Z_DIM,), 5.0))
+    edge = weights[pack((touched & ~inside).float()).bool()]
+    assert bool(((edge > 1.0) & (edge < 5.0)).all())
