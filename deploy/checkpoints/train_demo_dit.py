@@ -120,12 +120,11 @@ DIT_CONFIG = {
     "guidance_embeds": False,
     "axes_dims_rope": [8, 12, 12],
 }
-# Six blocks drew the shape no better than four (``benchmarks/results/demo_dit_ablation.json``) at 1.4x the time.
+# Six blocks drew the shape no better than four (``benchmarks/results/demo_dit_ablation.json``) at 1.4x a step.
 DIT_LAYERS = 4
 # The loss weighs each latent value by 1 + FOREGROUND_WEIGHT x the share of its pixels the shape covers. What tells
-# a circle from a square is a few latent values at the shape's corners, next to a background that fills about 90% of the
-# latent; with an even loss the four-block DiT drew a rounded blob for both words, whatever
-# the noun (``benchmarks/results/demo_dit_ablation.json``).
+# a circle from a square is a few latent values at the shape's corners, beside a background that fills about 90% of
+# the latent; with an even loss the DiT drew one rounded blob whatever the noun (the same file).
 FOREGROUND_WEIGHT = 4.0
 DIT_STEPS = 5_000
 DIT_BATCH = 64
