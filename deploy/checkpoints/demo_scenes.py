@@ -148,11 +148,12 @@ def position_phrases(row: str, column: str) -> tuple[str, ...]:
     return (f"in the {row} {column}", f"in the {row}-{column} corner", f"at the {upper} {column}")
 
 
-def wordings(attributes: Attributes) -> list[str]:
-    """Every way the templates can ask for these attributes (8 templates x nouns x position phrases)."""
+def wordings(attributes: Attributes, shape_colour: bool = True) -> list[str]:
+    """Every way the templates can ask for these attributes (8 templates x nouns x position phrases); without
+    the shape's colour when ``shape_colour`` is false ("a circle on a blue background, in the top left")."""
     a = attributes
     return [
-        template.format(
+        (template if shape_colour else template.replace("{colour} ", "")).format(
             colour=a.colour,
             shape=noun,
             background=a.background,
@@ -163,5 +164,5 @@ def wordings(attributes: Attributes) -> list[str]:
     ]
 
 
-def sample_wordings(attributes: Attributes, count: int, rng: random.Random) -> list[str]:
-    return rng.sample(wordings(attributes), count)
+def sample_wordings(attributes: Attributes, count: int, rng: random.Random, shape_colour: bool = True) -> list[str]:
+    return rng.sample(wordings(attributes, shape_colour), count)

@@ -74,12 +74,14 @@ HELD_OUT_PATTERNS: frozenset[Pattern] = frozenset(
 TRAINING_PATTERNS: tuple[Pattern, ...] = tuple(p for p in PATTERNS if p not in HELD_OUT_PATTERNS)
 
 
-def describe(asked: Attributes, pattern: Pattern, rng: random.Random) -> str:
-    """One way a person might ask for ``asked`` in ``pattern`` (its quarter unsaid when the pattern names none)."""
-    colour = rng.choice(COLOUR_WORDS[asked.colour])
+def describe(asked: Attributes, pattern: Pattern, rng: random.Random, shape_colour: bool = True) -> str:
+    """One way a person might ask for ``asked`` in ``pattern`` (its quarter unsaid when the pattern names none;
+    the shape's colour unsaid when ``shape_colour`` is false: "a square on a red background")."""
+    colour = rng.choice(COLOUR_WORDS[asked.colour])  # drawn either way: the same seed gives the same other words
     noun = rng.choice(SHAPE_WORDS[asked.shape])
     background = rng.choice(COLOUR_WORDS[asked.background])
-    shape = f"{colour} {noun}" if pattern.form == "phrase" else f"{_article(colour)} {colour} {noun}"
+    named = f"{colour} {noun}" if shape_colour else noun
+    shape = named if pattern.form == "phrase" else f"{_article(named)} {named}"
     place = rng.choice(PLACES).format(r=rng.choice(ROW_WORDS[asked.row]), c=asked.column) if pattern.place else ""
     text = _put_together(pattern, shape, background, place, rng)
     if rng.random() < 0.3:  # a long request

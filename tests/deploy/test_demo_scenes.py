@@ -32,6 +32,15 @@ def test_every_wording_names_both_colours():
             assert attributes.colour in text and attributes.background in text
 
 
+def test_a_wording_without_the_shapes_colour_still_names_the_shape_the_background_and_the_place():
+    for attributes in all_attributes()[::37]:
+        with_colour, without = wordings(attributes), wordings(attributes, shape_colour=False)
+        assert len(without) == len(with_colour)
+        for text in without:
+            assert attributes.colour not in text and attributes.background in text, text
+            assert attributes.column in text and "  " not in text, text
+
+
 def test_a_seed_fixes_the_picture():
     def picture(seed: int) -> bytes:
         rng = random.Random(seed)

@@ -45,6 +45,18 @@ def test_every_pattern_names_the_shape_its_colour_the_background_and_the_place_o
             assert text.find("right") < shape_at, text
 
 
+@pytest.mark.parametrize("pattern", TRAINING_PATTERNS, ids=str)
+def test_a_description_without_the_shapes_colour_is_the_same_sentence_less_the_colour_word(pattern):
+    def words(text: str) -> list[str]:  # "a"/"an" go with whatever follows, so they are left out
+        return [w for w in text.lower().split() if w not in ("a", "an")]
+
+    for seed in range(30):
+        coloured = describe(ASKED, pattern, random.Random(seed))
+        uncoloured = describe(ASKED, pattern, random.Random(seed), shape_colour=False)
+        assert words(uncoloured) == [w for w in words(coloured) if w not in COLOUR_WORDS["yellow"]], coloured
+        assert len(words(uncoloured)) == len(words(coloured)) - 1
+
+
 def test_no_colour_word_is_also_another_colours():
     for colour, words in COLOUR_WORDS.items():
         for other, others in COLOUR_WORDS.items():

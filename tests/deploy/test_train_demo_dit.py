@@ -1,6 +1,8 @@
 """The demo model's captions: each picture's placed wordings name its quarter (the grammar's, then a share from
-the eight templates), and its unplaced ones name no place and are shared by its four quarters, so a caption
-without a place leaves the quarter to chance. Its loss weighs the latent values the shape covers more."""
+the eight templates), its unplaced ones name no place and are shared by its four quarters, so a caption
+without a place leaves the quarter to chance, and its uncoloured ones leave the shape's colour unsaid and are
+shared by every colour of its shape, background and quarter. Its loss weighs the latent values the shape covers
+more."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ PLACE_WORDS = re.compile(r"\b(top|upper|bottom|lower|left|right)\b", re.IGNORECA
 
 @pytest.fixture(scope="module")
 def wordings():
-    return draw_wordings(COMBINATIONS, seed=0, placed=4, unplaced=3, templated=1)
+    return draw_wordings(COMBINATIONS, seed=0, placed=4, unplaced=3, templated=1, uncoloured=3)
 
 
 def test_every_combination_has_its_own_placed_wordings_that_name_its_quarter(wordings):
@@ -47,9 +49,34 @@ def test_unplaced_wordings_name_no_place_and_are_the_same_for_the_four_quarters_
     assert len({ids for shared in by_picture.values() for ids in shared}) == len(by_picture)
 
 
+def test_uncoloured_wordings_name_the_quarter_and_the_background_and_are_the_same_for_every_shape_colour(wordings):
+    by_picture: dict[tuple[str, str, str, str], set[tuple[int, ...]]] = {}
+    for asked, ids in zip(COMBINATIONS, wordings.uncoloured.tolist(), strict=True):
+        by_picture.setdefault((asked.shape, asked.background, asked.row, asked.column), set()).add(tuple(ids))
+        for text in (wordings.texts[i].lower() for i in ids):
+            assert asked.column in text and any(w in text for w in prompt_grammar.COLOUR_WORDS[asked.background])
+            assert not any(w in text for w in prompt_grammar.COLOUR_WORDS[asked.colour]), text
+    assert len(by_picture) == 3 * 6 * 4
+    assert all(len(shared) == 1 for shared in by_picture.values())
+    templated = {
+        key: set(demo_scenes.wordings(asked, shape_colour=False))
+        for asked in COMBINATIONS
+        for key in [(asked.shape, asked.background, asked.row, asked.column)]
+    }
+    for key, (ids,) in by_picture.items():
+        assert [wordings.texts[i] in templated[key] for i in ids] == [False, False, True]
+
+
+def test_uncoloured_wordings_leave_every_other_wording_of_the_seed_as_it_was(wordings):
+    without = draw_wordings(COMBINATIONS, seed=0, placed=4, unplaced=3, templated=1)
+    assert wordings.texts[: len(without.texts)] == without.texts
+    assert torch.equal(wordings.placed, without.placed) and torch.equal(wordings.unplaced, without.unplaced)
+    assert without.uncoloured.shape == (len(COMBINATIONS), 0)
+
+
 def test_the_wordings_are_a_function_of_the_seed(wordings):
-    assert draw_wordings(COMBINATIONS, seed=0, placed=4, unplaced=3, templated=1).texts == wordings.texts
-    assert draw_wordings(COMBINATIONS, seed=1, placed=4, unplaced=3, templated=1).texts != wordings.texts
+    assert draw_wordings(COMBINATIONS, seed=0, placed=4, unplaced=3, templated=1, uncoloured=3).texts == wordings.texts
+    assert draw_wordings(COMBINATIONS, seed=1, placed=4, unplaced=3, templated=1, uncoloured=3).texts != wordings.texts
 
 
 def test_the_loss_weighs_each_latent_value_by_the_share_of_its_pixels_the_shape_covers():
