@@ -232,13 +232,13 @@ def draw_wordings(
             shared[key] = new_texts(a, unplaced_patterns, unplaced)
         unplaced_ids.append(shared[key])
     # Drawn last, so that the placed and unplaced wordings of a seed are what they were before these existed.
-    shared = {}
+    by_picture: dict[tuple[str, str, str, str], list[int]] = {}
     uncoloured_ids = []
     for a in combinations:
-        key = (a.shape, a.background, a.row + a.column)
-        if key not in shared:
-            shared[key] = with_templated(a, uncoloured, shape_colour=False) if uncoloured else []
-        uncoloured_ids.append(shared[key])
+        picture = (a.shape, a.background, a.row, a.column)
+        if picture not in by_picture:
+            by_picture[picture] = with_templated(a, uncoloured, shape_colour=False) if uncoloured else []
+        uncoloured_ids.append(by_picture[picture])
     return Wordings(
         texts, torch.tensor(placed_ids), torch.tensor(unplaced_ids), torch.tensor(uncoloured_ids), templated
     )
