@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from deploy.checkpoints import demo_scenes, prompt_grammar
-from deploy.checkpoints.train_demo_dit import VAE_Z_DIM, Scenes, draw_wordings, loss_weights, pack
+from deploy.checkpoints.train_demo_dit import VAE_Z_DIM, Scenes, draw_wordings, loss_weights, pack, text_colours
 
 COMBINATIONS = demo_scenes.seen_attributes()
 PLACE_WORDS = re.compile(r"\b(top|upper|bottom|lower|left|right)\b", re.IGNORECASE)
@@ -65,6 +65,13 @@ def test_uncoloured_wordings_name_the_quarter_and_the_background_and_are_the_sam
     }
     for key, (ids,) in by_picture.items():
         assert [wordings.texts[i] in templated[key] for i in ids] == [False, False, True]
+
+
+def test_each_wording_that_names_the_shapes_colour_is_known_by_its_shape_and_background_colour(wordings):
+    colours = text_colours(wordings, COMBINATIONS)
+    for asked, placed, unplaced in zip(COMBINATIONS, wordings.placed.tolist(), wordings.unplaced.tolist(), strict=True):
+        assert all(colours[i] == (asked.colour, asked.background) for i in placed + unplaced)
+    assert all(colours[i] is None for i in wordings.uncoloured.flatten().tolist())
 
 
 def test_uncoloured_wordings_leave_every_other_wording_of_the_seed_as_it_was(wordings):
