@@ -3,10 +3,9 @@
 Each request asks for a long render (``--steps``) at the model card's default step cache and gives up after
 ``--give-up`` seconds, so the client's connection closes mid-denoise; the AR aborts the handoff and the DiT stops
 the render, which must drop the cache hook's state with it. The DiT's resident memory (its own
-``process_resident_memory_bytes``) is read
-after a few full renders (so the allocator has grown to its working size) and again once the cancelled ones have
-gone, and after as many renders that run to their end (the control: what renders do to RSS anyway); the step-cache
-pass counters show how far the cancelled renders got.
+``process_resident_memory_bytes``) is read after a few full renders (so the allocator has grown to its working
+size), again once the cancelled ones have gone, and after as many renders that run to their end (the control: what
+renders do to RSS anyway); the step-cache pass counters show how far the cancelled renders got.
 
 Start the services with the demo model first (``make run``), then::
 
