@@ -39,10 +39,12 @@ class PeerState:
 
 
 class DitPeer:
-    def __init__(self, client: httpx.AsyncClient, *, hidden_size: int, conditioning: str) -> None:
-        """``client`` carries the DiT's base URL; the caller owns its lifetime."""
+    def __init__(self, client: httpx.AsyncClient, *, hidden_size: int, layer: int, conditioning: str) -> None:
+        """``client`` carries the DiT's base URL; the caller owns its lifetime. ``layer``: the AR layer
+        whose rows this AR streams."""
         self._client = client
         self._hidden_size = hidden_size
+        self._layer = layer
         self._conditioning = conditioning
         self._state = PeerState(False, "DiT not probed yet")
         self._checked_at = float("-inf")
@@ -94,6 +96,11 @@ class DitPeer:
         if capabilities.hidden_size != self._hidden_size:
             return PeerState(
                 False, f"DiT is conditioned on {capabilities.hidden_size}-wide rows, this AR makes {self._hidden_size}"
+            )
+        if capabilities.hidden_layer not in (None, self._layer):
+            return PeerState(
+                False,
+                f"DiT is conditioned on layer {capabilities.hidden_layer}'s rows, this AR streams layer {self._layer}",
             )
         if self._conditioning not in capabilities.conditioning:
             return PeerState(False, f"DiT has no {self._conditioning!r} conditioning adapter")

@@ -86,12 +86,13 @@ class DitPool:
     token: str | None
     deadline_seconds: float
     hidden_size: int
+    layer: int  # the AR layer whose rows this AR streams
     conditioning: str
     replicas: dict[str, DitReplica] = field(default_factory=dict)
     _resolved: dict[str, list[str]] = field(default_factory=dict)  # each target's last good DNS answer
 
     @classmethod
-    def of_settings(cls, settings: ArSettings, hidden_size: int) -> DitPool:
+    def of_settings(cls, settings: ArSettings, hidden_size: int, layer: int) -> DitPool:
         """The pool ``ARDIT_AR_DIT_URL`` names, talking to each replica as the settings say."""
 
         def client(base_url: str) -> httpx.AsyncClient:
@@ -107,6 +108,7 @@ class DitPool:
             token=settings.handoff_token.get_secret_value() if settings.handoff_token else None,
             deadline_seconds=settings.dit_timeout_seconds,
             hidden_size=hidden_size,
+            layer=layer,
             conditioning=settings.conditioning,
         )
 
@@ -129,7 +131,7 @@ class DitPool:
         for url in urls:
             if url not in self.replicas:
                 client = self.make_client(url)
-                peer = DitPeer(client, hidden_size=self.hidden_size, conditioning=self.conditioning)
+                peer = DitPeer(client, hidden_size=self.hidden_size, layer=self.layer, conditioning=self.conditioning)
                 self.replicas[url] = DitReplica(
                     url, client, peer, HandoffClient(client, self.token, self.deadline_seconds)
                 )

@@ -136,8 +136,6 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=RESULTS / "demo_dit_ablation.json")
     args = ap.parse_args()
     torch.set_num_threads(recipe.TORCH_THREADS)
-    encoder = PromptRows(ArSettings().model_dir, ArSettings().prompt_template)
-    null_rows = encoder.rows([recipe.NULL_PROMPT])[0]
     report: dict = {
         "command": "python -m benchmarks.demo_dit_ablation " + " ".join(sys.argv[1:]),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
@@ -155,11 +153,14 @@ def main() -> int:
     }
     for model_dir in args.models:
         record = json.loads((model_dir / "training_record.json").read_text())
+        # Each run is judged on the rows it was trained on: the AR layer its record names.
+        encoder = PromptRows(ArSettings().model_dir, ArSettings().prompt_template, record.get("hidden_layer"))
+        null_rows = encoder.rows([recipe.NULL_PROMPT])[0]
         pipeline = load_pipeline(model_dir)
         scores = judge_groups(pipeline, encoder, null_rows, args.prompts, args.seeds)
         probe = probe_colour_row(pipeline, encoder, null_rows, PROBE_SEEDS)
         report["runs"][str(model_dir)] = {
-            "training": {k: record[k] for k in ("command", "seconds", "data")} | {"dit": record["dit"]},
+            "training": {k: record.get(k) for k in ("command", "hidden_layer", "seconds", "data", "dit")},
             "accuracy": scores,
             "held_out_pair_shape_by_rows": probe,
         }

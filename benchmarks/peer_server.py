@@ -3,11 +3,11 @@
 diffusers' ``examples/server``: FastAPI, the weights loaded once and shared, each request building
 its own pipeline object with a fresh scheduler, the pipeline run in the event loop's default thread
 pool (``run_in_executor``) so concurrent requests run in threads side by side. Here the text encoder
-is the SmolLM2 ardit serves, run by transformers for every request (no prefix cache, no vLLM): its
-last hidden states after the final norm, for ardit's templated prompt, the rows after the template
-prefix (what ardit's ``qwen_image`` adapter selects). The image side is the same code ardit's DiT
-runs: ``DitModel`` (shared weights, a pipeline per request), the same conditioning adapter and
-``Renderer`` (denoise, VAE decode, PNG encode), from ``dit_service``'s in-process API. So the two
+is the SmolLM2 ardit serves, run by transformers for every request (no prefix cache, no vLLM): the
+hidden states of the layer the DiT was trained on (its card's) after the final norm, for ardit's templated
+prompt, the rows after the template prefix (what ardit's ``qwen_image`` adapter selects). The image side is
+the same code ardit's DiT runs: ``DitModel`` (shared weights, a pipeline per request), the same conditioning
+adapter and ``Renderer`` (denoise, VAE decode, PNG encode), from ``dit_service``'s in-process API. So the two
 servers compute the same rows and render the same images; they differ in how the work is served.
 
 API subset (what ``benchmarks/peer_compare.py`` sends): ``POST /v1/images/generations`` with
@@ -84,8 +84,13 @@ class SharedModels:
     def generate(self, request: TextToImageInput) -> bytes:
         built = self.prompts.build(request.prompt)
         ids = torch.tensor([built.token_ids])
-        # The decoder stack's output is post-norm: the rows ardit captures and normalises.
-        rows = self.llm.model(input_ids=ids).last_hidden_state[0]
+        # The layer the DiT was trained on, through the final norm: the rows ardit captures and normalises
+        # (transformers' last entry is normed already). Like a diffusers pipeline's text encoder, the whole
+        # model runs, as ardit's engine does.
+        states = self.llm.model(input_ids=ids, output_hidden_states=True).hidden_states
+        layer = self.dit.card.hidden_layer
+        last = layer is None or layer == len(states) - 1
+        rows = (states[-1] if last else self.llm.model.norm(states[layer]))[0]
         stream = AssembledStream(
             rows=rows,
             token_ids=built.token_ids,

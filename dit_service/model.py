@@ -23,7 +23,7 @@ from diffusers import (
     QwenImageInpaintPipeline,
     QwenImagePipeline,
 )
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from shared.diffusion import Size, StepCache
 from shared.tensor_codec import ALLOWED_DTYPES
@@ -52,6 +52,9 @@ class ModelCard(BaseModel):
     default_guidance_scale: float | None = None
     # The step cache a request gets when it names none (benchmarks/results/step_cache.md decides it).
     default_step_cache: StepCache | None = None
+    # The AR layer the model was trained on (the AR's ``hidden_layer``); an ``open`` from another is refused.
+    # None: the card does not say (a Qwen-Image trained on the last layer has no card).
+    hidden_layer: int | None = Field(None, ge=0)
 
     @classmethod
     def read(cls, model_dir: Path) -> ModelCard:

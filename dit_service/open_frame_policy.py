@@ -4,8 +4,9 @@ Checked as soon as ``open`` arrives, so a handoff this model cannot serve ends b
 are sent. The diffusion parameters are checked against the limits this DiT announces, by the same
 ``DiffusionLimits.check`` the AR runs on public requests: the announcement lets the AR refuse
 early, this check makes the DiT safe whoever sends. The conditioning width is checked because a
-mismatch would only surface as a matmul error mid-run. Rejections name the public API's
-parameters (``size``, ``n``, ...), so the AR can pass them through unchanged.
+mismatch would only surface as a matmul error mid-run; the layer (where the model's card names one) because
+another layer's rows have the same width and would render a wrong picture without any error. Rejections name
+the public API's parameters (``size``, ``n``, ...), so the AR can pass them through unchanged.
 """
 
 from __future__ import annotations
@@ -41,6 +42,12 @@ class OpenFramePolicy:
                 f"hidden_size {frame.hidden_size} does not match the DiT's joint_attention_dim "
                 f"{self._capabilities.hidden_size}",
                 param="hidden_size",
+            )
+        layer = self._capabilities.hidden_layer
+        if layer is not None and frame.layer != layer:
+            raise ConditioningMismatch(
+                f"hidden states come from the AR's layer {frame.layer}; this DiT was trained on layer {layer}",
+                param="layer",
             )
         if self._expected_final_norm is not None and frame.final_norm != self._expected_final_norm:
             state = "after" if self._expected_final_norm else "before"

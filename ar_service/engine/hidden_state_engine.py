@@ -98,7 +98,10 @@ class HiddenStateEngine:
     def __init__(self, settings: ArSettings) -> None:
         self.settings = settings
         self.shape = ModelShape.read(settings.model_dir)
-        self.layer = settings.hidden_layer if settings.hidden_layer is not None else self.shape.num_hidden_layers
+        layers = self.shape.num_hidden_layers
+        if settings.hidden_layer > layers:
+            raise ValueError(f"hidden_layer {settings.hidden_layer}: {settings.model_dir.name} has {layers} layers")
+        self.layer = settings.hidden_layer
         self.dtype = getattr(torch, settings.dtype)
         self._engine: AsyncLLM | None = None
         self._channel: RowChannel | None = None

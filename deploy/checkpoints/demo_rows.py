@@ -1,9 +1,9 @@
 """The rows a prompt conditions the DiT with, computed offline with transformers as the AR service does.
 
 For a prompt the AR service tokenises the templated text with its ``PromptBuilder``, runs SmolLM2 and
-streams one last-layer row per token, after the model's final norm; the DiT's ``qwen_image`` adapter drops
-the template prefix and keeps the rest: the user's text and the template's tail. ``PromptRows`` gives exactly
-those rows, so the demo DiT trains on what it is served.
+streams one row per token of its ``hidden_layer`` (by default the demo model's), after the model's final
+norm; the DiT's ``qwen_image`` adapter drops the template prefix and keeps the rest: the user's text and the
+template's tail. ``PromptRows`` gives exactly those rows, so the demo DiT trains on what it is served.
 
 The template prefix is the same for almost every prompt, so its key/value cache is computed once and shared
 by every batch: only the rows after it are computed. That changes nothing but float rounding;
@@ -20,15 +20,20 @@ from pathlib import Path
 
 import torch
 from transformers import AutoModel
+from transformers.modeling_outputs import BaseModelOutputWithPast
 
 from ar_service.prompt_builder import PromptBuilder
 
 
 class PromptRows:
-    def __init__(self, model_dir: str | Path, template: str) -> None:
+    def __init__(self, model_dir: str | Path, template: str, layer: int | None = None) -> None:
         self.builder = PromptBuilder.from_model_dir(model_dir, template)
         # The base model without the LM head: its last_hidden_state is the last layer after the final norm.
         self.model = AutoModel.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+        last = self.model.config.num_hidden_layers
+        # The AR's ``hidden_layer``: the input of decoder layer ``layer`` (transformers' hidden_states[layer]),
+        # put through the final norm as the AR's connector does; None, or the layer count, is the last layer.
+        self.layer = None if layer in (None, last) else layer
         self.prefix_ids = self.builder.build("").token_ids[: self.builder.prefix_tokens]
         with torch.no_grad():
             self._prefix_cache = self.model(torch.tensor([self.prefix_ids]), use_cache=True).past_key_values
@@ -46,7 +51,7 @@ class PromptRows:
             suffixes = [built[i].token_ids[built[i].prefix_tokens :] for i in chunk]
             out.update(zip(chunk, self._batch_rows(suffixes), strict=True))
         for i in sorted(set(range(len(built))) - set(shared)):
-            hidden = self.model(input_ids=torch.tensor([built[i].token_ids])).last_hidden_state
+            hidden = self._hidden(self.model(input_ids=torch.tensor([built[i].token_ids]), **self._wanted))
             out[i] = hidden[0, built[i].prefix_tokens :].clone()
         return [out[i] for i in range(len(built))]
 
@@ -61,5 +66,19 @@ class PromptRows:
             mask[i, prefix : prefix + len(suffix)] = 1
         cache = copy.deepcopy(self._prefix_cache)
         cache.batch_repeat_interleave(batch)
-        hidden = self.model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True).last_hidden_state
+        hidden = self._hidden(
+            self.model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True, **self._wanted)
+        )
         return [hidden[i, : len(suffix)].clone() for i, suffix in enumerate(suffixes)]
+
+    @property
+    def _wanted(self) -> dict[str, bool]:
+        return {"output_hidden_states": self.layer is not None}
+
+    def _hidden(self, output: BaseModelOutputWithPast) -> torch.Tensor:
+        """The rows of ``layer``: transformers' last entry is normed already, the others are not."""
+        if self.layer is None:
+            assert output.last_hidden_state is not None
+            return output.last_hidden_state
+        assert output.hidden_states is not None
+        return self.model.norm(output.hidden_states[self.layer])

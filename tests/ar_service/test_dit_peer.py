@@ -12,7 +12,7 @@ from tests.support.capabilities import DIT
 
 def peer_answering(handler) -> DitPeer:
     client = httpx.AsyncClient(base_url="http://dit", transport=httpx.MockTransport(handler))
-    return DitPeer(client, hidden_size=576, conditioning="qwen_image")
+    return DitPeer(client, hidden_size=576, layer=8, conditioning="qwen_image")
 
 
 def ready(capabilities: dict) -> httpx.Response:
@@ -30,6 +30,16 @@ def test_a_dit_for_other_rows_is_not_ready_with_the_reason():
     assert not state.ready and "1024" in state.reason and state.capabilities is None
     other = DIT.model_copy(update={"conditioning": ["ar_generated"]}).model_dump(mode="json")
     assert not asyncio.run(peer_answering(lambda _: ready(other)).state()).ready
+
+
+def test_a_dit_trained_on_another_layers_rows_is_not_ready_with_the_reason_and_one_that_names_none_is():
+    other = DIT.model_copy(update={"hidden_layer": 30}).model_dump(mode="json")
+    state = asyncio.run(peer_answering(lambda _: ready(other)).state())
+    assert not state.ready and "layer 30" in state.reason and "layer 8" in state.reason
+    same = DIT.model_copy(update={"hidden_layer": 8}).model_dump(mode="json")
+    assert asyncio.run(peer_answering(lambda _: ready(same)).state()).ready
+    unsaid = DIT.model_copy(update={"hidden_layer": None}).model_dump(mode="json")
+    assert asyncio.run(peer_answering(lambda _: ready(unsaid)).state()).ready
 
 
 def test_not_ready_unreachable_or_silent_dits_are_not_ready():

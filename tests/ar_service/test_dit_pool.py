@@ -22,6 +22,7 @@ def pool_of(*urls: str, answers) -> DitPool:
         token="t",
         deadline_seconds=5.0,
         hidden_size=576,
+        layer=30,
         conditioning="qwen_image",
     )
 
@@ -143,6 +144,7 @@ def test_a_replica_that_refuses_a_reservation_hands_the_request_to_another_befor
             token="t",
             deadline_seconds=5.0,
             hidden_size=576,
+            layer=30,
             conditioning="qwen_image",
         )
         await pool.refresh()
@@ -170,6 +172,7 @@ def fake_pool(answers: dict[str, str], seen: list[str], delay: float = 0.0) -> D
         token="t",
         deadline_seconds=5.0,
         hidden_size=576,
+        layer=30,
         conditioning="qwen_image",
     )
 

@@ -1,5 +1,6 @@
-"""deploy/checkpoints/demo_rows.py: the rows the demo DiT trains on are the rows the running AR streams and
-the DiT keeps (template prefix dropped), within the tolerance established against transformers."""
+"""deploy/checkpoints/demo_rows.py: the rows the demo DiT trains on are the rows the running AR streams (at its
+default layer) and the DiT keeps (template prefix dropped), within the tolerance established against
+transformers."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def prompt_rows(stack) -> PromptRows:
-    return PromptRows(stack.settings.model_dir, stack.settings.prompt_template)
+    return PromptRows(stack.settings.model_dir, stack.settings.prompt_template, stack.runtime.engine.layer)
 
 
 def test_rows_after_the_template_prefix_equal_what_the_engine_streams(stack, prompt_rows):

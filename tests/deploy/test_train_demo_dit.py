@@ -2,7 +2,7 @@
 the eight templates), its unplaced ones name no place and are shared by its four quarters, so a caption
 without a place leaves the quarter to chance, and its uncoloured ones leave the shape's colour unsaid and are
 shared by every colour of its shape, background and quarter. Its loss weighs the latent values the shape covers
-more."""
+more. The committed model was trained on the AR layer the AR streams by default."""
 
 from __future__ import annotations
 
@@ -12,8 +12,11 @@ import numpy as np
 import pytest
 import torch
 
+from ar_service.settings import ArSettings
 from deploy.checkpoints import demo_scenes, prompt_grammar
 from deploy.checkpoints.train_demo_dit import VAE_Z_DIM, Scenes, draw_wordings, loss_weights, pack, text_colours
+from dit_service.model import ModelCard
+from dit_service.settings import DitSettings
 
 COMBINATIONS = demo_scenes.seen_attributes()
 PLACE_WORDS = re.compile(r"\b(top|upper|bottom|lower|left|right)\b", re.IGNORECASE)
@@ -102,3 +105,7 @@ def test_the_loss_weighs_each_latent_value_by_the_share_of_its_pixels_the_shape_
     assert torch.equal(weights[pack(inside.float()).bool()], torch.full((4 * VAE_Z_DIM,), 5.0))
     edge = weights[pack((touched & ~inside).float()).bool()]
     assert bool(((edge > 1.0) & (edge < 5.0)).all())
+
+
+def test_the_committed_demo_model_was_trained_on_the_layer_the_ar_streams_by_default():
+    assert ArSettings().hidden_layer == ModelCard.read(DitSettings().model_dir).hidden_layer

@@ -74,6 +74,11 @@ def test_the_settings_sizes_replace_the_cards_and_an_empty_list_draws_any_size()
     assert anything.limits.sizes is None and anything.defaults.width == 64
 
 
+def test_the_cards_hidden_layer_is_announced_and_a_card_without_one_announces_none():
+    assert dit_capabilities(DitSettings(), model(ModelCard(hidden_layer=8))).hidden_layer == 8
+    assert dit_capabilities(DitSettings(), model()).hidden_layer is None
+
+
 def test_a_model_without_listed_sizes_announces_none():
     assert dit_capabilities(DitSettings(), model()).limits.sizes is None
 

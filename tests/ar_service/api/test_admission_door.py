@@ -37,6 +37,7 @@ async def ready_pair(engine_ready: bool = True) -> ArReadiness:
         token="t",
         deadline_seconds=5.0,
         hidden_size=DIT.hidden_size,
+        layer=30,
         conditioning="qwen_image",
     )
     await pool.refresh()

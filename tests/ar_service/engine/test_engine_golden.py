@@ -1,5 +1,6 @@
-"""Streamed hidden rows equal a transformers forward over the same tokens (post-norm), and the
-generated tokens equal greedy transformers. Real vLLM (CPU), one engine for the whole run."""
+"""Streamed hidden rows equal a transformers forward over the same tokens (the captured layer's states, put
+through the final norm), and the generated tokens equal greedy transformers. Real vLLM (CPU), one engine for
+the whole run, at the AR's default layer."""
 
 from __future__ import annotations
 
@@ -34,7 +35,14 @@ def test_rows_match_transformers_and_tokens_match_greedy(stack, hf_model, text):
 
     with torch.no_grad():
         out = hf_model(torch.tensor([sequence[:-1]]), output_hidden_states=True)
-    expected = out.hidden_states[-1][0]  # transformers applies the final norm to the last entry
+    layer = runtime.engine.layer
+    # transformers applies the final norm to the last entry only
+    normed = (
+        out.hidden_states[layer]
+        if layer == len(out.hidden_states) - 1
+        else hf_model.model.norm(out.hidden_states[layer])
+    )
+    expected = normed[0]
     assert run.rows.dtype == torch.float32
     # vLLM's CPU kernels and transformers' differ in summation order over 30 layers: elements
     # agree to 1e-4, or to 1e-5 relative where the value is large (max seen: 1.4e-4 on a value
