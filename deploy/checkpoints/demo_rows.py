@@ -31,8 +31,9 @@ class PromptRows:
         # The base model without the LM head: its last_hidden_state is the last layer after the final norm.
         self.model = AutoModel.from_pretrained(str(model_dir), dtype=torch.float32).eval()
         last = self.model.config.num_hidden_layers
-        # The AR's ``hidden_layer``: the input of decoder layer ``layer`` (transformers' hidden_states[layer]),
-        # put through the final norm as the AR's connector does; None, or the layer count, is the last layer.
+        # The AR's ``hidden_layer``: the output of decoder layer ``layer`` (1 the first; transformers'
+        # hidden_states[layer]), put through the final norm as the AR's connector does; None, or the layer
+        # count, is the last layer.
         self.layer = None if layer in (None, last) else layer
         self.prefix_ids = self.builder.build("").token_ids[: self.builder.prefix_tokens]
         with torch.no_grad():

@@ -73,7 +73,7 @@ Tried and not kept (both switches stay, off, so that the runs can be repeated; s
 Usage (from the repository root)::
 
     python -m deploy.checkpoints.train_demo_dit [--out deploy/checkpoints/ardit-demo] [--ar-model DIR] [--seed 0] \\
-        [--vae-from DIR] [--templated-wordings 8] [--template-steps 2500] [--dit-layers 4] [--foreground-weight 4] \
+        [--vae-from DIR] [--templated-wordings 8] [--template-steps 2500] [--dit-layers 4] [--foreground-weight 4] \\
         [--hidden-layer 8]
 """
 
