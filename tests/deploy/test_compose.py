@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from ar_service.settings import ArSettings
+from dit_service.model import ModelCard
 from dit_service.settings import DitSettings
 from shared.diffusion import parse_size
 from tests.deploy.compose_cli import CPU_FILES, GPU_FILES, ROOT, compose, rendered
@@ -115,12 +116,14 @@ def test_gpu_variant_sizes_for_a_real_qwen_image_and_cpu_keeps_the_demo_defaults
     assert gpu_dit["ARDIT_DIT_DEFAULT_SIZE"] == "1328x1328"
     assert int(gpu_dit["ARDIT_DIT_DEFAULT_NUM_INFERENCE_STEPS"]) >= 20
     assert gpu["services"]["ar"]["environment"]["ARDIT_AR_DTYPE"] == "bfloat16"
-    # The CPU override drops the GPU sizes, so the services' own (demo) defaults apply.
-    assert "ARDIT_AR_KV_CACHE_BYTES" not in cpu_env
+    assert gpu_env["ARDIT_AR_HIDDEN_LAYER"] == "28"  # Qwen2.5-VL-7B's last layer, Qwen-Image's conditioning
+    # The CPU override drops the GPU sizes and Qwen-Image's layer, so the services' own (demo) defaults apply.
+    assert not {"ARDIT_AR_KV_CACHE_BYTES", "ARDIT_AR_HIDDEN_LAYER"} & set(cpu_env)
     assert not {"ARDIT_DIT_DEFAULT_SIZE", "ARDIT_DIT_SIZES", "ARDIT_DIT_DEFAULT_NUM_INFERENCE_STEPS"} & set(cpu_dit)
     for key in list(gpu_env) + list(gpu_dit):
         monkeypatch.delenv(key, raising=False)
     assert ArSettings().kv_cache_bytes is None  # sized in tokens, for the demo's short prompts
+    assert ArSettings().hidden_layer == ModelCard.read(DitSettings().model_dir).hidden_layer  # the demo DiT's
     assert DitSettings().default_size is None  # the model card's (or 256x256), the demo's size
     assert DitSettings().sizes is None  # the model card's list
 
