@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import importlib.util
+import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -9,7 +11,7 @@ import pytest
 import torch
 
 from dit_service.app import create_dit_app
-from dit_service.model import DitModel
+from dit_service.model import MODEL_CARD_FILE, DitModel
 from dit_service.settings import DitSettings
 from tests.dit_service.handoff_requests import AR_MODEL, TOKEN
 from tests.support.live_server import LiveServer
@@ -81,5 +83,16 @@ def narrow_server(tiny_checkpoint) -> Iterator[LiveServer]:
         pipeline_queue_size=0,
         max_inference_steps=400,
     )
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def layer_8_server(tiny_checkpoint, tmp_path_factory) -> Iterator[LiveServer]:
+    """The tiny model with a card that says it was trained on the AR's layer 8, as the demo model's does."""
+    model_dir = tmp_path_factory.mktemp("carded") / "qwen-image-tiny"
+    shutil.copytree(tiny_checkpoint, model_dir)
+    (model_dir / MODEL_CARD_FILE).write_text(json.dumps({"hidden_layer": 8}))
+    server = start_server(model_dir)
     yield server
     server.stop()
