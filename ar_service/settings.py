@@ -76,7 +76,8 @@ class ArSettings(BaseSettings):
         DEMO_HIDDEN_LAYER,
         description="Decoder layer whose output is captured (1 the first, 0 the embeddings, the model's layer count "
         "the last). The default is the layer the demo DiT was trained on (its card says so, and a DiT refuses rows "
-        "of another layer); a real Qwen-Image is conditioned on the last layer: set it to the model's layer count.",
+        "of another layer); a real Qwen-Image is conditioned on the last layer: set it to the model's layer count (a "
+        "Qwen-Image checkpoint that ships its text encoder refuses any other).",
     )
     final_norm: bool = Field(True, description="Apply the model's final norm to captured rows (post-norm states).")
     seed: int = Field(0, description="Engine seed.")

@@ -10,6 +10,7 @@ with a mask) — the same components driven the way diffusers' own edit pipeline
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from dataclasses import dataclass
@@ -53,13 +54,28 @@ class ModelCard(BaseModel):
     # The step cache a request gets when it names none (benchmarks/results/step_cache.md decides it).
     default_step_cache: StepCache | None = None
     # The AR layer the model was trained on (the AR's ``hidden_layer``); an ``open`` from another is refused.
-    # None: the card does not say (a Qwen-Image trained on the last layer has no card).
+    # None: not known (no card names it, and the checkpoint ships no text encoder to read it from).
     hidden_layer: int | None = Field(None, ge=0)
 
     @classmethod
     def read(cls, model_dir: Path) -> ModelCard:
         path = model_dir / MODEL_CARD_FILE
-        return cls.model_validate_json(path.read_text()) if path.exists() else cls()
+        card = cls.model_validate_json(path.read_text()) if path.exists() else cls()
+        if card.hidden_layer is None:
+            card = card.model_copy(update={"hidden_layer": _text_encoder_last_layer(model_dir)})
+        return card
+
+
+def _text_encoder_last_layer(model_dir: Path) -> int | None:
+    """The last layer of the text encoder a checkpoint ships (a real Qwen-Image's Qwen2.5-VL: 28), which
+    is the layer it was trained on: QwenImagePipeline conditions on ``hidden_states[-1]``. So an AR left at
+    the demo's layer is refused by a real Qwen-Image instead of feeding it rows it never saw."""
+    path = model_dir / "text_encoder" / "config.json"
+    if not path.exists():
+        return None
+    config = json.loads(path.read_text())
+    layers = (config.get("text_config") or {}).get("num_hidden_layers", config.get("num_hidden_layers"))
+    return int(layers) if layers is not None else None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,40 @@
+"""dit_service/model.py's ModelCard: what a checkpoint says about itself, and the layer it was trained on."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from dit_service.model import MODEL_CARD_FILE, ModelCard
+
+# What Qwen/Qwen-Image ships in text_encoder/config.json (the fields read here), older and newer transformers.
+QWEN_VL = ["Qwen2_5_VLForConditionalGeneration"]
+QWEN_IMAGE_TEXT_ENCODER = {"architectures": QWEN_VL, "num_hidden_layers": 28}
+NESTED_TEXT_ENCODER = {"architectures": QWEN_VL, "text_config": {"num_hidden_layers": 28}}
+
+
+def checkpoint(tmp_path: Path, card: dict | None = None, text_encoder: dict | None = None) -> Path:
+    if card is not None:
+        (tmp_path / MODEL_CARD_FILE).write_text(json.dumps(card))
+    if text_encoder is not None:
+        (tmp_path / "text_encoder").mkdir()
+        (tmp_path / "text_encoder" / "config.json").write_text(json.dumps(text_encoder))
+    return tmp_path
+
+
+def test_a_checkpoint_with_neither_card_nor_text_encoder_names_no_layer(tmp_path):
+    assert ModelCard.read(checkpoint(tmp_path)) == ModelCard()
+
+
+def test_a_real_qwen_image_without_a_card_names_its_text_encoders_last_layer(tmp_path):
+    assert ModelCard.read(checkpoint(tmp_path, text_encoder=QWEN_IMAGE_TEXT_ENCODER)).hidden_layer == 28
+
+
+def test_the_layer_count_is_found_in_a_nested_text_config_too(tmp_path):
+    assert ModelCard.read(checkpoint(tmp_path, text_encoder=NESTED_TEXT_ENCODER)).hidden_layer == 28
+
+
+def test_a_card_that_names_a_layer_wins_over_the_text_encoder(tmp_path):
+    card = {"description": "fine-tuned on layer 20", "hidden_layer": 20}
+    read = ModelCard.read(checkpoint(tmp_path, card=card, text_encoder=QWEN_IMAGE_TEXT_ENCODER))
+    assert (read.hidden_layer, read.description) == (20, "fine-tuned on layer 20")
