@@ -135,7 +135,7 @@ class HandoffDeadlineExceeded(HandoffError):
 
 
 class ConditioningMismatch(HandoffError):
-    """The hidden states cannot condition this DiT: wrong width, unknown adapter or wrong AR model."""
+    """The hidden states cannot condition this DiT: wrong width, adapter, AR model or layer."""
 
     code = "conditioning_mismatch"
     status = 422

@@ -91,7 +91,7 @@ class OpenFrame(WireModel):
     conditioning: Annotated[str, Field(min_length=1, max_length=64)]
     dtype: str
     hidden_size: PosInt
-    # Informational: which decoder layer the rows come from (every other open field is checked).
+    # Which decoder layer the rows come from; a DiT that knows the layer it was trained on refuses another.
     layer: int
     final_norm: bool
     # "cond" is required; "uncond" present means a CFG negative stream follows.

@@ -1,8 +1,8 @@
 """The model's final RMSNorm, applied to captured rows when the DiT expects post-norm states.
 
-vLLM's ``extract_hidden_states`` captures the last decoder layer's output *before* the final
+vLLM's ``extract_hidden_states`` captures the configured decoder layer's output *before* the final
 norm (verified against transformers: pre-norm matches to 2e-6). Qwen-Image and most AR→DiT
-models were trained on post-norm last hidden states, so by default the rows are normalised here,
+models were trained on post-norm hidden states, so by default the rows are normalised here,
 with the checkpoint's own weight and epsilon, exactly as transformers' ``LlamaRMSNorm`` /
 ``Qwen2RMSNorm`` compute it (fp32 math, result cast back to the source dtype).
 """

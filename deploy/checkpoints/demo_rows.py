@@ -1,7 +1,7 @@
 """The rows a prompt conditions the DiT with, computed offline with transformers as the AR service does.
 
 For a prompt the AR service tokenises the templated text with its ``PromptBuilder``, runs SmolLM2 and
-streams one row per token of its ``hidden_layer`` (by default the demo model's), after the model's final
+streams one row per token of its ``hidden_layer`` (the demo model's by default), after the model's final
 norm; the DiT's ``qwen_image`` adapter drops the template prefix and keeps the rest: the user's text and the
 template's tail. ``PromptRows`` gives exactly those rows, so the demo DiT trains on what it is served.
 
@@ -26,7 +26,7 @@ from ar_service.prompt_builder import PromptBuilder
 
 
 class PromptRows:
-    def __init__(self, model_dir: str | Path, template: str, layer: int | None = None) -> None:
+    def __init__(self, model_dir: str | Path, template: str, layer: int | None) -> None:
         self.builder = PromptBuilder.from_model_dir(model_dir, template)
         # The base model without the LM head: its last_hidden_state is the last layer after the final norm.
         self.model = AutoModel.from_pretrained(str(model_dir), dtype=torch.float32).eval()

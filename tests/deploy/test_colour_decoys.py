@@ -38,7 +38,7 @@ def test_a_decoy_word_keeps_the_casing_of_the_word_it_replaces():
 @pytest.fixture(scope="module")
 def encoder() -> PromptRows:
     settings = ArSettings()
-    return PromptRows(settings.model_dir, settings.prompt_template)
+    return PromptRows(settings.model_dir, settings.prompt_template, settings.hidden_layer)
 
 
 @pytest.mark.slow

@@ -542,6 +542,7 @@ def test_environment_is_valid_settings(component, settings_class, monkeypatch):
     assert settings.host == "0.0.0.0" and settings.port == PORTS[component]
     if component == "ar":
         assert settings.dtype == "bfloat16"
+        assert settings.hidden_layer == 28  # Qwen2.5-VL-7B's last layer, Qwen-Image's conditioning
     else:
         assert settings.device == "cuda"
 

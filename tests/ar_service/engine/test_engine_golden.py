@@ -44,7 +44,7 @@ def test_rows_match_transformers_and_tokens_match_greedy(stack, hf_model, text):
     )
     expected = normed[0]
     assert run.rows.dtype == torch.float32
-    # vLLM's CPU kernels and transformers' differ in summation order over 30 layers: elements
+    # vLLM's CPU kernels and transformers' differ in summation order over the layers: elements
     # agree to 1e-4, or to 1e-5 relative where the value is large (max seen: 1.4e-4 on a value
     # of 15.2). 99.9% of elements must be within 1e-4 absolute.
     torch.testing.assert_close(run.rows, expected, atol=1e-4, rtol=1e-5)
