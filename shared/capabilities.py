@@ -158,8 +158,8 @@ class DitCapabilities(WireModel):
     description: str
     # The width of the rows this DiT is conditioned on (its joint_attention_dim).
     hidden_size: PosInt
-    # The AR layer whose rows it was trained on (its card's; the AR's ``hidden_layer``); None: not said,
-    # any layer is taken. Absent from a DiT that predates it.
+    # The AR layer whose rows it was trained on (its card's, else its checkpoint's text encoder's last; the AR's
+    # ``hidden_layer``); None: not known, any layer is taken. Absent from a DiT that predates it.
     hidden_layer: NonNegInt | None = None
     conditioning: list[str]
     limits: DiffusionLimits
