@@ -115,7 +115,7 @@ class SteadyLoad:
     gateway: str
     clients: int = 2
     outcomes: list[Outcome] = field(default_factory=list)
-    url_fetches: list[tuple[str, int]] = field(default_factory=list)
+    url_fetches: list[tuple[str, int, str]] = field(default_factory=list)  # link, status, a failure's body
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
     t0: float = field(default_factory=time.monotonic)
@@ -161,7 +161,7 @@ class SteadyLoad:
             if kind == "url":
                 link = answer.json()["data"][0]["url"]
                 fetched = httpx.get(link, timeout=30)  # through the gateway, no key: the link is the capability
-                self.url_fetches.append((link, fetched.status_code))
+                self.url_fetches.append((link, fetched.status_code, "" if fetched.is_success else fetched.text[:300]))
             return Outcome(kind, started, seconds, 200, "ok")
         code, shaped = _error_code(answer)
         result = "refused" if answer.status_code == 429 and seconds < INSTANT_SECONDS else "failed"
@@ -379,7 +379,9 @@ def test_restarting_every_replica_in_turn_under_load_fails_no_request(topology):
     REPORT["rollout"] = {"restarts": restarts, **_figures(during, rollout_ended - rollout_started)}
     REPORT["rollout"]["failures"] = failures
     assert not failures and during, failures
-    assert all(status == 200 for _, status in load.url_fetches), load.url_fetches
+    assert load.url_fetches and all(status == 200 for _, status, _ in load.url_fetches), [
+        (at, fetch) for at, fetch in enumerate(load.url_fetches) if fetch[1] != 200
+    ]
 
 
 def test_killing_an_ar_and_a_dit_fails_only_their_requests_and_traffic_goes_on(topology):
