@@ -156,9 +156,11 @@ class HiddenStateEngine:
         if current_platform.is_cpu() and config.parallel_config.world_size == 1:
             # vLLM's CPU platform swaps the in-process executor for its multiprocess one whenever the engine
             # core has a process of its own, as under AsyncLLM it always does. The model would then run in a
-            # third process that imports torch and vLLM again (580 MB here) and, for a second after every
-            # step, spins on the shared-memory queue that feeds it, on a core the DiT needs. Here it runs on
-            # the engine core's own thread, as a one-device GPU engine does (benchmarks/results, issue 26).
+            # third process that imports torch and vLLM again (587 MB of peak RSS here) and, for a second
+            # after every step, spins on the shared-memory queue that feeds it, on a core the DiT needs: the
+            # same 24 images took twice as long (benchmarks/results, issue 26). Here it runs on the engine
+            # core's own thread, as vLLM runs it at one GPU. What is given up is vLLM's pinning of the
+            # model's OpenMP threads to cores (VLLM_CPU_OMP_THREADS_BIND); OMP_NUM_THREADS still applies.
             config.parallel_config.distributed_executor_backend = "uni"
         if s.kv_cache_bytes is None:  # sized in tokens once vLLM has chosen the block size
             cache = config.cache_config

@@ -1,6 +1,6 @@
-"""On CPU the AR's model runs in vLLM's engine core process, as a one-device GPU engine's does: there
-is no worker process that imports torch and vLLM again and, for a second after every step, spins on
-the queue that feeds it, on a core the DiT needs."""
+"""On CPU the AR's model runs in vLLM's engine core process, as vLLM runs it at one GPU: there is no
+worker process that imports torch and vLLM again and, for a second after every step, spins on the
+queue that feeds it, on a core the DiT needs."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ def test_the_model_runs_in_the_engine_core_which_is_idle_in_the_second_after_a_r
         commands = [" ".join([process.name(), *process.cmdline()]) for process in engine]
         [core] = [process for process, command in zip(engine, commands, strict=True) if "EngineCore" in command]
         assert not [command for command in commands if "VLLM::Worker" in command], commands
+        assert not core.children(recursive=True), "the engine core runs no process of its own"
         assert pair.generate().status_code == 200
         before = busy_seconds(core)
         time.sleep(1.0)
