@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, TypeVar
 
 from services.metrics import Families
 
 log = logging.getLogger("ardit.slow_readers")
+
+P = TypeVar("P", bound=asyncio.Protocol)
 
 CLOSE_REASONS = ("send_timeout", "too_many_waiting")
 
@@ -86,7 +88,7 @@ class SlowReaders:
         self.closed.labels(reason).inc()
         transport.abort()
 
-    def protocol(self, base: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
+    def protocol(self, base: type[P]) -> type[P]:
         """``base`` (a uvicorn HTTP protocol class) reporting its connections' write pauses to this guard."""
         guard = self
 

@@ -1,30 +1,43 @@
-"""The image routes' door: a request takes its admission place on arrival, before anything else.
+"""The image routes' door: a request takes its admission place as soon as its head is parsed, before
+any task, middleware or body parsing exists for it.
 
-Pure ASGI, the outermost layer of the app (in front of traces, metrics, the request-id layer, the
-drain gate, the public gate and FastAPI): a request the line has no room for is answered 429 here,
-with ``Retry-After``, without a span, routing, body parsing, validation or tokenizing: about 20
-microseconds of the event loop in-process, against about 70 through the whole stack, so a burst of
-hundreds is answered within one pass over it. The door counts its refusals (``http_requests`` and
-``api_errors``, as the layers behind it would have) and gives them a request id, also in the
-access log.
+The door sits in uvicorn's HTTP protocol (``protocol``; ``services.serve`` runs the AR with it), at
+the point where uvicorn answers its own ``limit_concurrency`` 503s: the request's method, path and
+headers are parsed and its ASGI task is about to start. A request the line has no room for is
+answered 429 there, with ``Retry-After`` and a request id, written straight to its connection: no
+task, span, routing, body parsing, validation or tokenizing. That is about 0.1 ms of the event loop
+per refusal on a 2-core host, a third of it the socket write, against about 0.2 ms for the same
+answer through uvicorn's ASGI cycle and the app's outermost layer (``benchmarks/results``), so a
+burst of hundreds is answered within one pass over it. The connection is kept or closed as uvicorn
+would for the same answer; a body that follows is read and dropped.
+
+The door counts its refusals (``http_requests`` and ``api_errors``, as the layers behind would have)
+and logs them together, at most one line a second: in a burst, an access-log line per refusal cost
+as much as the refusal itself. The request id each refusal carries is the caller's ``x-request-id``
+when it sent a valid one.
 
 The door decides only what it can decide alone: a request without a valid API key, one that
 arrives while the service drains, one on the internal port, or any before the pair is known to be
 ready goes on, and the layers behind answer it (401, 503, 404) — serving admits those it serves
 itself.
 
-The place travels in the request's ASGI state (``take_place``); from then serving owns it. A request
-that never reaches serving (a body that does not parse, say) gives its place back here.
+An admitted request's place travels in its ASGI state (``take_place``); from then serving owns it. A
+request that never reaches serving (a body that does not parse, say) gives its place back when its
+ASGI call ends.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
+import functools
+import json
+import logging
 from collections.abc import Iterable
+from typing import cast
 
 from fastapi import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
 from ar_service.admission import AdmissionPlace, RequestAdmission
 from ar_service.readiness import ArReadiness
@@ -32,16 +45,20 @@ from services.app_metrics import AppMetrics
 from services.auth import BearerAuth
 from services.drain import Drain
 from services.errors import ApiError
-from services.request_context import REQUEST_ID_HEADER, request_id_of, request_id_var
+from services.request_context import REQUEST_ID_HEADER, request_id_of
 from services.request_gate import header
 
+log = logging.getLogger("ardit.ar.admission_door")
+
 _PLACE = "admission_place"
+
+# How often a stream of refusals is logged (one line for all of them).
+REFUSAL_LOG_SECONDS = 1.0
 
 
 class AdmissionDoor:
     def __init__(
         self,
-        app: ASGIApp,
         *,
         admission: RequestAdmission,
         readiness: ArReadiness,
@@ -53,7 +70,6 @@ class AdmissionDoor:
     ) -> None:
         """``paths``: the routes (POST) whose requests are admitted; ``auth``: the public API keys (the
         gate behind checks them again and answers a wrong one)."""
-        self.app = app
         self._admission = admission
         self._readiness = readiness
         self._paths = frozenset(paths)
@@ -62,31 +78,75 @@ class AdmissionDoor:
         self._metrics = metrics
         self._internal_port = internal_port
         self._one_at_a_time = asyncio.Lock()
+        self._refused_unlogged = 0
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        arrived = time.monotonic()
+    def protocol(self, base: type[HttpToolsProtocol]) -> type[HttpToolsProtocol]:
+        """``base`` (uvicorn's httptools protocol, or a subclass) with the door before each request's task."""
+        door = self
+
+        class WithDoor(base):  # type: ignore[valid-type,misc]
+            def _start_asgi_task(self, cycle: RequestResponseCycle, app: ASGIApp) -> None:
+                scope = cast(Scope, cycle.scope)  # uvicorn's HTTPScope: the dict the app gets as its Scope
+                entered = door.enter(scope)
+                if isinstance(entered, ApiError):
+                    door.refuse(entered, cycle, scope)
+                    return
+                if entered is not None:
+                    scope.setdefault("state", {})[_PLACE] = entered
+                    app = functools.partial(door.go_on, app)
+                super()._start_asgi_task(cycle, app)
+
+        return WithDoor
+
+    def enter(self, scope: Scope) -> AdmissionPlace | ApiError | None:
+        """The request's place (a slot, or a place in line); the refusal when the line has no room for it;
+        None when the door does not decide and the request goes on without a place."""
         capacity = self._readiness.known_capacity() if self._decides(scope) else None
         if capacity is None:
-            await self.app(scope, receive, send)
-            return
+            return None
         try:
-            place = self._admission.enter(capacity)
+            return self._admission.enter(capacity)
         except ApiError as refused:
-            await self._refuse(refused, scope, receive, send)
-            self._metrics.observe_response(scope["path"], "POST", str(refused.status), time.monotonic() - arrived)
-            return
-        state = scope.setdefault("state", {})
-        state[_PLACE] = place
+            return refused
+
+    async def go_on(self, app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
+        """An admitted request's ASGI call: ``app``, then its place back unless serving took it."""
+        state = scope["state"]
+        place = state[_PLACE]
         try:
             # One admitted request goes on to its work (parsing, validation, tokenizing: a few hundred
-            # microseconds) per loop pass, and the requests read in between are answered between them:
-            # a refusal waits behind at most one request's work, however a burst's bytes arrive.
+            # microseconds) per loop pass; refusals are answered as their bytes are read, between passes,
+            # so a refusal waits behind at most one request's work, however a burst's bytes arrive.
             async with self._one_at_a_time:
                 await asyncio.sleep(0)
-            await self.app(scope, receive, send)
+            await app(scope, receive, send)
         finally:
             if state.pop(_PLACE, None) is place:
                 place.leave()
+
+    def refuse(self, refused: ApiError, cycle: RequestResponseCycle, scope: Scope) -> None:
+        """``refused`` written as the whole answer of ``cycle``'s request (``scope``); the connection kept
+        for the next request when uvicorn would keep it (the rest of this one's body is then read and
+        dropped)."""
+        body = json.dumps(refused.body(), ensure_ascii=False, separators=(",", ":")).encode()
+        keep_alive = cycle.keep_alive and not cycle.waiting_for_100_continue
+        headers = [
+            *cycle.default_headers,
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            *((name.lower().encode(), value.encode()) for name, value in refused.headers.items()),
+            (REQUEST_ID_HEADER.encode(), request_id_of(scope).encode()),
+            *(() if keep_alive else ((b"connection", b"close"),)),
+        ]
+        head = b"".join(b"%s: %s\r\n" % header_line for header_line in headers)
+        cycle.transport.write(STATUS_LINE[refused.status] + head + b"\r\n" + body)
+        cycle.response_started = cycle.response_complete = True
+        if not keep_alive:
+            cycle.transport.close()
+        cycle.on_response()
+        self._metrics.count_error(refused)
+        self._metrics.observe_response(scope["path"], scope["method"], str(refused.status), 0.0)
+        self._log_refusal(refused)
 
     def _decides(self, scope: Scope) -> bool:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in self._paths:
@@ -97,15 +157,19 @@ class AdmissionDoor:
             return False
         return not self._auth.enabled or self._auth.accepts(header(scope, b"authorization"))
 
-    async def _refuse(self, refused: ApiError, scope: Scope, receive: Receive, send: Send) -> None:
-        request_id = request_id_of(scope)
-        refused.headers[REQUEST_ID_HEADER] = request_id
-        self._metrics.count_error(refused)
-        token = request_id_var.set(request_id)  # the access log line names it
-        try:
-            await refused.response()(scope, receive, send)
-        finally:
-            request_id_var.reset(token)
+    def _log_refusal(self, refused: ApiError) -> None:
+        if self._refused_unlogged == 0:
+            asyncio.get_running_loop().call_later(REFUSAL_LOG_SECONDS, self._log_refusals, refused.message)
+        self._refused_unlogged += 1
+
+    def _log_refusals(self, first: str) -> None:
+        log.warning(
+            "refused %d image request(s) at the door in %g s (429; the first: %s)",
+            self._refused_unlogged,
+            REFUSAL_LOG_SECONDS,
+            first,
+        )
+        self._refused_unlogged = 0
 
 
 def take_place(request: Request) -> AdmissionPlace | None:

@@ -1,30 +1,40 @@
-"""The image routes' door: a request takes its admission place on arrival, before anything parses it;
-the line's refusals are answered, counted and given an id there, a place nobody took is given back,
-and what the door cannot decide alone goes on to the layers behind it."""
+"""The image routes' door, in a real uvicorn server as ``services.serve`` runs it: a request takes its
+admission place once its head is parsed; the line's refusals are written, counted, given an id and
+logged together there, without a task or the app; a place nobody took is given back; and what the
+door cannot decide alone goes on to the layers behind it."""
 
 from __future__ import annotations
 
 import asyncio
-import json
+import logging
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import httpx
-from fastapi import Request
+import pytest
+from fastapi import FastAPI, Request
 from prometheus_client import CollectorRegistry
 from starlette.types import Receive, Scope, Send
 
 from ar_service.admission import AdmissionPlace, RequestAdmission
-from ar_service.api.admission_door import AdmissionDoor, take_place
+from ar_service.api.admission_door import REFUSAL_LOG_SECONDS, AdmissionDoor, take_place
 from ar_service.dit_pool import DitPool
 from ar_service.metrics import ArMetrics
 from ar_service.readiness import ArReadiness
 from services.app_metrics import AppMetrics
 from services.auth import BearerAuth
 from services.drain import Drain
+from services.errors import ApiError
 from tests.support.capabilities import DIT
+from tests.support.live_server import LiveServer
+from tests.support.ports import free_port
 
 IMAGES = "/v1/images/generations"
 KEY = "sk-door"
-INTERNAL_PORT = 8100
+AUTH = {"authorization": f"Bearer {KEY}"}
 
 
 async def ready_pair(engine_ready: bool = True) -> ArReadiness:
@@ -45,119 +55,183 @@ async def ready_pair(engine_ready: bool = True) -> ArReadiness:
     return ArReadiness(pool, engine_ready=engine_ready)
 
 
-class App:
-    """The app behind the door: records what reached it; takes the request's place when told to."""
+@dataclass
+class Behind:
+    """What reached the app behind the door, and the places it took when told to take them."""
 
-    def __init__(self, take: bool = False, events: list[object] | None = None) -> None:
-        self.calls: list[Scope] = []
-        self.take = take
-        self.taken: list[AdmissionPlace | None] = []
-        self.events = events if events is not None else []
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        self.calls.append(scope)
-        self.events.append("work")
-        if self.take:
-            self.taken.append(take_place(Request(scope)))
-        await send({"type": "http.response.start", "status": 200, "headers": []})
-        await send({"type": "http.response.body", "body": b"{}"})
+    take: bool = False
+    calls: list[str] = field(default_factory=list)
+    taken: list[AdmissionPlace | None] = field(default_factory=list)
 
 
-async def call(
-    door: AdmissionDoor,
-    path: str = IMAGES,
-    method: str = "POST",
-    key: str | None = KEY,
-    port: int = 8000,
-    request_id: str | None = None,
-) -> tuple[int, dict[str, str], bytes]:
-    sent: list[dict] = []
+@dataclass
+class Served:
+    server: LiveServer
+    admission: RequestAdmission
+    metrics: AppMetrics
+    behind: Behind
 
-    async def receive() -> dict:
-        return {"type": "http.request", "body": b"not even json", "more_body": False}
+    @property
+    def url(self) -> str:
+        return self.server.url
 
-    async def send(message) -> None:
-        sent.append(message)
+    def fill(self) -> None:
+        """Every slot taken, and no room left in line: the next request is refused."""
 
-    headers = [(b"authorization", f"Bearer {key}".encode())] if key else []
-    if request_id:
-        headers.append((b"x-request-id", request_id.encode()))
-    scope = {
-        "type": "http",
-        "method": method,
-        "path": path,
-        "headers": headers,
-        "query_string": b"",
-        "server": ("127.0.0.1", port),
-        "state": {},
-    }
-    await door(scope, receive, send)
-    answer_headers = {k.decode(): v.decode() for k, v in sent[0].get("headers", [])}
-    return sent[0]["status"], answer_headers, b"".join(m.get("body", b"") for m in sent[1:])
+        async def take_every_slot() -> None:
+            for _ in range(DIT.capacity.max_outstanding):
+                self.admission.enter(DIT.capacity.max_outstanding)
+
+        self.server.call(take_every_slot())
 
 
-def door_for(
-    app: App,
-    admission: RequestAdmission,
-    readiness: ArReadiness,
-    metrics: AppMetrics | None = None,
+@contextmanager
+def served(
+    *,
+    max_queued: int = 0,
+    engine_ready: bool = True,
     drain: Drain | None = None,
-) -> AdmissionDoor:
-    return AdmissionDoor(
-        app,
+    internal: bool = False,
+    take: bool = False,
+) -> Iterator[Served]:
+    """The door in front of a small app, served as the AR is served (``internal``: the server's own port
+    is the AR's internal one)."""
+    readiness = asyncio.run(ready_pair(engine_ready))
+    admission = RequestAdmission(max_queued=max_queued, max_wait=60.0, metrics=ArMetrics(CollectorRegistry()))
+    metrics, behind = AppMetrics(CollectorRegistry(), "ar"), Behind(take=take)
+    app = FastAPI()
+
+    @app.post(IMAGES)
+    @app.get(IMAGES)
+    @app.get("/v1/models")
+    async def anything(request: Request) -> dict[str, str]:
+        behind.calls.append(request.url.path)
+        if behind.take:
+            behind.taken.append(take_place(request))
+        return {}
+
+    port = free_port()
+    app.state.door = AdmissionDoor(
         admission=admission,
         readiness=readiness,
         paths=[IMAGES],
         auth=BearerAuth([KEY], what="API key", missing_code="missing_api_key", invalid_code="invalid_api_key"),
         drain=drain or Drain(60.0),
-        metrics=metrics or AppMetrics(CollectorRegistry(), "ar"),
-        internal_port=INTERNAL_PORT,
+        metrics=metrics,
+        internal_port=port if internal else None,
     )
+    server = LiveServer(app, port).start()
+    try:
+        yield Served(server, admission, metrics, behind)
+    finally:
+        server.stop()
 
 
-def full(admission: RequestAdmission) -> list[AdmissionPlace]:
-    """Every slot taken, and no line: the next request is refused."""
-    return [admission.enter(DIT.capacity.max_outstanding) for _ in range(DIT.capacity.max_outstanding)]
+def raw(url: str, data: bytes, timeout: float = 5.0) -> bytes:
+    """``data`` sent on one connection; everything the server answers until it closes the connection."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=timeout) as connection:
+        connection.sendall(data)
+        answer = b""
+        while chunk := connection.recv(65536):
+            answer += chunk
+    return answer
 
 
 def test_a_request_the_line_has_no_room_for_is_refused_at_the_door_counted_and_never_parsed():
-    async def scenario():
-        readiness = await ready_pair()
-        admission = RequestAdmission(max_queued=0, max_wait=60.0, metrics=ArMetrics(CollectorRegistry()))
-        held = full(admission)
-        app, metrics = App(), AppMetrics(CollectorRegistry(), "ar")
-        status, headers, body = await call(door_for(app, admission, readiness, metrics), request_id="req-from-client")
-        return status, headers, json.loads(body), app.calls, metrics, held
+    with served() as pair:
+        pair.fill()
+        answer = httpx.post(
+            f"{pair.url}{IMAGES}", content=b"not even json", headers={**AUTH, "x-request-id": "req-from-client"}
+        )
+        assert answer.status_code == 429 and int(answer.headers["retry-after"]) >= 1
+        assert answer.headers["x-request-id"] == "req-from-client"
+        assert answer.json()["error"]["code"] == "rate_limit_exceeded"
+        assert answer.json()["error"]["type"] == "rate_limit_error"
+        assert pair.behind.calls == [] and pair.admission.in_flight == DIT.capacity.max_outstanding
+        counted = {"route": IMAGES, "method": "POST", "status": "429"}
+        assert pair.metrics.registry.get_sample_value("ardit_ar_http_requests_total", counted) == 1
+        refusals = {"status": "429", "code": "rate_limit_exceeded"}
+        assert pair.metrics.registry.get_sample_value("ardit_ar_api_errors_total", refusals) == 1
 
-    status, headers, body, reached, metrics, held = asyncio.run(scenario())
-    assert status == 429 and int(headers["retry-after"]) >= 1
-    assert headers["x-request-id"] == "req-from-client"
-    assert body["error"]["code"] == "rate_limit_exceeded"
-    assert reached == [] and all(place.started for place in held)
-    counted = {"route": IMAGES, "method": "POST", "status": "429"}
-    assert metrics.registry.get_sample_value("ardit_ar_http_requests_total", counted) == 1
-    refusals = {"status": "429", "code": "rate_limit_exceeded"}
-    assert metrics.registry.get_sample_value("ardit_ar_api_errors_total", refusals) == 1
+
+def test_a_refusal_keeps_a_kept_alive_connection_for_the_next_request_and_drops_the_refused_body():
+    request = (
+        f"POST {IMAGES} HTTP/1.1\r\nHost: ar\r\nAuthorization: Bearer {KEY}\r\nContent-Length: 5\r\n\r\nhello"
+        "GET /v1/models HTTP/1.1\r\nHost: ar\r\nConnection: close\r\n\r\n"
+    ).encode()
+    with served() as pair:
+        pair.fill()
+        answer = raw(pair.url, request)
+        assert answer.startswith(b"HTTP/1.1 429 ")
+        assert answer.count(b"HTTP/1.1 ") == 2 and b"HTTP/1.1 200 OK" in answer
+        assert pair.behind.calls == ["/v1/models"]
+
+
+def test_a_refusal_closes_a_connection_its_client_asked_to_close():
+    request = f"POST {IMAGES} HTTP/1.1\r\nHost: ar\r\nAuthorization: Bearer {KEY}\r\nConnection: close\r\n"
+    with served() as pair:
+        pair.fill()
+        answer = raw(pair.url, f"{request}Content-Length: 2\r\n\r\n{{}}".encode())
+    assert answer.startswith(b"HTTP/1.1 429 ") and b"\r\nconnection: close\r\n" in answer.lower()
+
+
+def test_refusals_are_logged_together_not_one_line_each(caplog):
+    with served() as pair, caplog.at_level(logging.WARNING, logger="ardit.ar.admission_door"):
+        pair.fill()
+        for _ in range(5):
+            assert httpx.post(f"{pair.url}{IMAGES}", json={}, headers=AUTH).status_code == 429
+        time.sleep(REFUSAL_LOG_SECONDS + 0.5)
+    lines = [record.getMessage() for record in caplog.records if record.name == "ardit.ar.admission_door"]
+    assert len(lines) == 1 and "refused 5 image request(s)" in lines[0] and "the queue is full" in lines[0]
+
+
+async def disconnected() -> dict:
+    return {"type": "http.disconnect"}
+
+
+async def ignored(message: dict) -> None:
+    pass
 
 
 def test_a_refusal_waits_behind_at_most_one_admitted_requests_work_however_the_burst_arrives():
     """Here the refused requests reach the door a loop pass after the admitted ones: one admitted request
     may go on to its work first, the others wait until the refusals are answered."""
 
-    async def scenario():
+    async def scenario() -> list[object]:
         readiness = await ready_pair()
         admission = RequestAdmission(max_queued=3, max_wait=60.0, metrics=ArMetrics(CollectorRegistry()))
-        full(admission).pop().leave()  # one slot free, and a line of three
+        for _ in range(DIT.capacity.max_outstanding - 1):
+            admission.enter(DIT.capacity.max_outstanding)  # one slot free, and a line of three
         events: list[object] = []
-        door = door_for(App(take=True, events=events), admission, readiness)  # places kept: none frees
+        door = AdmissionDoor(
+            admission=admission,
+            readiness=readiness,
+            paths=[IMAGES],
+            auth=BearerAuth([], what="API key", missing_code="missing_api_key", invalid_code="invalid_api_key"),
+            drain=Drain(60.0),
+            metrics=AppMetrics(CollectorRegistry(), "ar"),
+            internal_port=None,
+        )
 
-        async def answer() -> None:
-            status, _, _ = await call(door)
-            events.append(status)
+        async def work(scope: Scope, receive: Receive, send: Send) -> None:
+            events.append("work")
 
-        admitted = [asyncio.create_task(answer()) for _ in range(4)]
+        def arrive() -> Scope | None:
+            scope: Scope = {"type": "http", "method": "POST", "path": IMAGES, "headers": [], "state": {}}
+            entered = door.enter(scope)
+            if isinstance(entered, ApiError):
+                events.append(entered.status)  # written at once, where the door reads it
+                return None
+            scope["state"]["admission_place"] = entered
+            return scope
+
+        scopes = [scope for scope in (arrive() for _ in range(4)) if scope is not None]
+        admitted = [asyncio.create_task(door.go_on(work, scope, disconnected, ignored)) for scope in scopes]
         await asyncio.sleep(0)
-        await asyncio.gather(*admitted, *(answer() for _ in range(3)))
+        for _ in range(3):
+            assert arrive() is None
+        await asyncio.gather(*admitted)
         return events
 
     events = asyncio.run(scenario())
@@ -167,63 +241,46 @@ def test_a_refusal_waits_behind_at_most_one_admitted_requests_work_however_the_b
 
 
 def test_a_place_the_app_did_not_take_is_given_back_when_the_request_ends():
-    async def scenario():
-        readiness = await ready_pair()
-        admission = RequestAdmission(max_queued=4, max_wait=60.0, metrics=ArMetrics(CollectorRegistry()))
-        app = App()
-        status, _, _ = await call(door_for(app, admission, readiness))
-        return status, len(app.calls), admission.in_flight
-
-    assert asyncio.run(scenario()) == (200, 1, 0)
+    with served(max_queued=4) as pair:
+        assert httpx.post(f"{pair.url}{IMAGES}", json={}, headers=AUTH).status_code == 200
+        assert pair.behind.calls == [IMAGES] and pair.admission.in_flight == 0
 
 
 def test_a_place_the_app_took_is_the_apps_to_turn_into_a_slot():
-    async def scenario():
-        readiness = await ready_pair()
-        admission = RequestAdmission(max_queued=4, max_wait=60.0, metrics=ArMetrics(CollectorRegistry()))
-        app = App(take=True)
-        await call(door_for(app, admission, readiness))
-        in_flight_after_the_request = admission.in_flight
-        place = app.taken[0]
+    with served(max_queued=4, take=True) as pair:
+        assert httpx.post(f"{pair.url}{IMAGES}", json={}, headers=AUTH).status_code == 200
+        in_flight_after_the_request = pair.admission.in_flight
+        place = pair.behind.taken[0]
         assert place is not None
-        ticket = await place.turn()
-        ticket.release(served=True)
-        return in_flight_after_the_request, admission.in_flight
 
-    assert asyncio.run(scenario()) == (1, 0)
+        async def serve_it() -> None:
+            ticket = await place.turn()
+            ticket.release(served=True)
 
-
-def test_before_the_pair_is_known_ready_and_off_the_image_routes_requests_pass_without_a_place():
-    async def scenario():
-        admission = RequestAdmission(max_queued=0, max_wait=60.0, metrics=ArMetrics(CollectorRegistry()))
-        starting, app = await ready_pair(engine_ready=False), App(take=True)
-        await call(door_for(app, admission, starting))
-        ready, other = await ready_pair(), App(take=True)
-        await call(door_for(other, admission, ready), path="/v1/models", method="GET")
-        await call(door_for(other, admission, ready), path=IMAGES, method="GET")
-        return app.taken + other.taken, admission.in_flight
-
-    assert asyncio.run(scenario()) == ([None, None, None], 0)
+        pair.server.call(serve_it())
+        assert (in_flight_after_the_request, pair.admission.in_flight) == (1, 0)
 
 
-def test_what_the_door_cannot_decide_alone_goes_on_to_the_layers_behind_even_when_the_line_is_full():
+@pytest.mark.parametrize("engine_ready", [False, True])
+def test_before_the_pair_is_known_ready_and_off_the_image_routes_requests_pass_without_a_place(engine_ready):
+    with served(engine_ready=engine_ready, take=True) as pair:
+        if not engine_ready:
+            assert httpx.post(f"{pair.url}{IMAGES}", json={}, headers=AUTH).status_code == 200
+        assert httpx.get(f"{pair.url}/v1/models", headers=AUTH).status_code == 200
+        assert httpx.get(f"{pair.url}{IMAGES}", headers=AUTH).status_code == 200
+        assert all(place is None for place in pair.behind.taken) and pair.behind.taken
+        assert pair.admission.in_flight == 0
+
+
+@pytest.mark.parametrize("why", ["no key", "a wrong key", "draining", "the internal port"])
+def test_what_the_door_cannot_decide_alone_goes_on_to_the_layers_behind_even_when_the_line_is_full(why):
     """A wrong or missing key (the gate's 401), a draining service (the drain gate's 503), the internal
     port (its 404): the door neither refuses nor places them."""
-
-    async def scenario():
-        readiness = await ready_pair()
-        admission = RequestAdmission(max_queued=0, max_wait=60.0, metrics=ArMetrics(CollectorRegistry()))
-        full(admission)
-        app, draining = App(take=True), Drain(60.0)
+    draining = Drain(60.0)
+    if why == "draining":
         draining.begin()
-        answers = [
-            await call(door_for(app, admission, readiness), key=None),
-            await call(door_for(app, admission, readiness), key="sk-wrong"),
-            await call(door_for(app, admission, readiness, drain=draining)),
-            await call(door_for(app, admission, readiness), port=INTERNAL_PORT),
-        ]
-        return [status for status, _, _ in answers], app.taken
-
-    statuses, taken = asyncio.run(scenario())
-    assert statuses == [200, 200, 200, 200]
-    assert taken == [None, None, None, None]
+    headers = {"no key": {}, "a wrong key": {"authorization": "Bearer sk-wrong"}}.get(why, AUTH)
+    with served(drain=draining, internal=why == "the internal port", take=True) as pair:
+        pair.fill()
+        assert httpx.post(f"{pair.url}{IMAGES}", json={}, headers=headers).status_code == 200
+        assert pair.behind.taken == [None]
