@@ -57,12 +57,6 @@ class ArSettings(BaseSettings):
     max_num_batched_tokens: Positive | None = Field(
         None, description="Tokens per engine step (chunked prefill chunk); None: vLLM's default."
     )
-    cpu_worker_busy_poll: bool = Field(
-        True,
-        description="vLLM's CPU worker polls for its next step in a busy loop for a second after each one, as vLLM "
-        "ships it; false: it polls asleep every 0.5 ms and leaves the core to the DiT (3x the images/min on 2 cores, "
-        "measured; on by default until the AR refuses the larger bursts that pace brings within 100 ms).",
-    )
     compile: bool = Field(False, description="torch.compile the model (slow start on CPU; eager by default).")
     capture_hidden_states: bool = Field(
         True, description="Capture hidden rows (off only for measuring the capture's overhead)."

@@ -5,7 +5,6 @@ Import after ``paired.use_this_checkout()``.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import psutil
@@ -20,12 +19,6 @@ COMMON_SETTINGS: dict[str, Any] = {
     "max_model_len": 8192,
     "max_num_batched_tokens": 2048,
 }
-
-
-def bind_every_core() -> None:
-    """vLLM's 'auto' binding reserves a different number of cores with and without the speculative
-    method; every engine gets all of them, so only what is compared differs."""
-    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{(os.cpu_count() or 1) - 1}"
 
 
 def workload(length: int, seed: int) -> list[int]:

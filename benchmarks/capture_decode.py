@@ -14,9 +14,9 @@ and the CPU seconds of the engine processes and this process for the request (CP
 request cost; wall time also carries the machine's other load). Then a cold short prompt (a fresh
 cache salt: a verified miss) for capture's TTFT overhead. Ratios are per round: median, p10-p90.
 
-``--profile`` then samples each engine's model worker with py-spy (``worker_profile.py``) during a
-long decode and attributes its time per generated token (attention kernel, linear layers, sampler,
-rejection sampler, row write, row read and send, time between steps).
+``--profile`` then samples each engine's core process, where its model runs, with py-spy
+(``worker_profile.py``) during a long decode and attributes its time per generated token (attention
+kernel, linear layers, sampler, rejection sampler, row write, row read and send, time between steps).
 
     python benchmarks/capture_decode.py [--rounds 8] [--long 5600] [--short 600] [--new-tokens 32] [--profile]
 """
@@ -59,7 +59,7 @@ ENGINES: dict[str, dict[str, Any]] = {
 class Engine:
     name: str
     engine: HiddenStateEngine
-    core: psutil.Process  # the EngineCore process; the model worker is its child
+    core: psutil.Process  # the EngineCore process, which runs the model (the AR keeps vLLM's executor in it)
 
 
 @dataclass
@@ -73,13 +73,6 @@ class Sample:
 def start(name: str) -> Engine:
     engine, core = bench_engines.start_engine(name, ENGINES[name])
     return Engine(name, engine, core)
-
-
-def worker_of(engine: Engine) -> psutil.Process:
-    workers = engine.core.children()
-    if len(workers) != 1:
-        raise RuntimeError(f"{engine.name}: expected one model worker, found {workers}")
-    return workers[0]
 
 
 async def request(engine: Engine, prompt: list[int], new_tokens: int, salt: str, expected_cached: int) -> Sample:
@@ -112,8 +105,8 @@ async def request(engine: Engine, prompt: list[int], new_tokens: int, salt: str,
 
 
 async def profile(engine: Engine, prompt: list[int], new_tokens: int, salt: str) -> dict:
-    """The model worker's time per generated token over one warm long request (its short tail prefill included)."""
-    spy = WorkerProfile(worker_of(engine).pid)
+    """The engine core's time per generated token over one warm long request (its short tail prefill included)."""
+    spy = WorkerProfile(engine.core.pid)
     await asyncio.sleep(0.3)  # py-spy attaches
     cached = (len(prompt) - 1) // engine.engine.block_size * engine.engine.block_size
     sample = await request(engine, prompt, new_tokens, salt, cached)
@@ -183,10 +176,9 @@ def main() -> None:
     parser.add_argument("--long", type=int, default=5600)
     parser.add_argument("--short", type=int, default=600)
     parser.add_argument("--new-tokens", type=int, default=32)
-    parser.add_argument("--profile", action="store_true", help="py-spy each engine's worker during a long decode")
+    parser.add_argument("--profile", action="store_true", help="py-spy each engine's core during a long decode")
     parser.add_argument("--out", type=Path, default=paired.RESULTS / "capture_decode.json")
     args = parser.parse_args()
-    bench_engines.bind_every_core()
     report: dict = {
         "command": "python benchmarks/capture_decode.py "
         + f"--rounds {args.rounds} --long {args.long} --short {args.short} --new-tokens {args.new_tokens}"

@@ -3,9 +3,10 @@
 Starts the pair as ``make run`` does (``python -m services.launcher``, on free ports, with whatever
 ``ARDIT_*`` settings the environment holds), serves ``--requests`` images at ``--concurrency``, then
 reads each process of the tree: RSS (what "peak RSS" sums), PSS (shared library pages split between
-the processes that map them) and USS (pages only it holds). The vLLM worker's largest mappings are
-listed one by one (its heap holds the weights, an anonymous mapping the KV cache), so a change in
-one of them shows. The peak of the tree's summed RSS is sampled every 0.25 s over the run, as
+the processes that map them) and USS (pages only it holds). The largest mappings of the process
+that holds the AR's model are listed one by one (its heap holds the weights, an anonymous mapping the
+KV cache), so a change in one of them shows: vLLM's engine core (runs before 2026-12-04 had a vLLM
+worker process for the model). The peak of the tree's summed RSS is sampled every 0.25 s over the run, as
 ``peer_compare.py`` does.
 
     python benchmarks/memory_table.py --label sized_kv [--requests 24] [--concurrency 8]
@@ -36,8 +37,7 @@ MAPPINGS_LISTED = 6
 def role(process: psutil.Process) -> str:
     command = " ".join(process.cmdline())
     for marker, name in (
-        ("VLLM::Worker", "vLLM worker (model, KV cache)"),
-        ("VLLM::EngineCore", "vLLM engine core (scheduler)"),
+        ("VLLM::EngineCore", "vLLM engine core (scheduler, model, KV cache)"),
         ("-m ar_service", "AR API process (HTTP, tokenizer, AsyncLLM client)"),
         ("-m dit_service", "DiT (pipeline, weights, renders)"),
         ("services.launcher", "launcher"),
@@ -112,7 +112,7 @@ def main() -> None:
                 "uss_mb": round(memory.uss / 2**20),
                 "threads": process.num_threads(),
             }
-            if "worker" in row["process"]:
+            if "KV cache" in row["process"]:
                 row["largest_mappings"] = largest_mappings(process.pid)
             processes.append(row)
     finally:

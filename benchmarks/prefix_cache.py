@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import functools
 import json
-import os
 import platform
 import statistics
 import threading
@@ -159,16 +158,7 @@ def main() -> None:
     parser.add_argument("--short", type=int, default=600)
     parser.add_argument("--new-tokens", type=int, default=8)
     parser.add_argument("--out", type=Path, default=RESULTS / "prefix_cache.json")
-    parser.add_argument(
-        "--pin-threads", action="store_true", help="give every engine all cores (VLLM_CPU_OMP_THREADS_BIND=0-N)"
-    )
     args = parser.parse_args()
-    if args.pin_threads:
-        # vLLM's 'auto' binding reserves a different number of cores with and without the
-        # speculative method (2 vs 1 here), so the capture-off engine got half the threads.
-        cores = os.cpu_count()
-        assert cores is not None
-        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{cores - 1}"
 
     prompts = {"long": workload(args.long, 1), "short": workload(args.short, 2)}
     engine_settings = functools.partial(
@@ -191,8 +181,7 @@ def main() -> None:
     }
     report: dict = {
         "command": "python benchmarks/prefix_cache.py "
-        + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k not in ("out", "pin_threads"))
-        + (" --pin-threads" if args.pin_threads else "")
+        + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out")
         + f" --out {args.out}",
         "machine": {
             "node": platform.platform(),

@@ -104,7 +104,7 @@ def main() -> int:
         full.images.generate(model="ardit", prompt=PROMPT, size="64x64", extra_body={**extra, "seed": seed})
         whole.append(time.perf_counter() - started)
     # Measured rather than fixed: on 2 cores a 100-step render took 0.7-1.7 s on one evening, its first step up
-    # to 0.9 s of that while the AR's vLLM worker spins (benchmarks/results/README.md, issue 26).
+    # to 0.9 s of that while the AR's vLLM worker process still spun (benchmarks/results/README.md, issue 26).
     args.give_up = args.give_up or statistics.median(whole) / 2
     idle(args.dit_metrics)
     readings = [dit_metrics(args.dit_metrics)]

@@ -13,9 +13,10 @@ The B2 time is attributed from four sources:
   included), scheduled -> first token in the engine core (the step: tail prefill over the whole
   context, sampling, the connector reading every prompt row back), engine core -> this process;
 - the capture engine minus the capture-off engine: what reading the rows back adds to TTFT;
-- py-spy on the capture engine's model worker (``worker_profile.py``) over ``--profile-requests``
-  B2 requests and as many tail-only ones: its shares of in-step samples (attention kernel, linear
-  layers, connector...) split the median engine step into parts (``step_attribution_ms``);
+- py-spy on the capture engine's core process, where its model runs (``worker_profile.py``), over
+  ``--profile-requests`` B2 requests and as many tail-only ones: its shares of in-step samples
+  (attention kernel, linear layers, connector...) split the median engine step into parts
+  (``step_attribution_ms``);
 - the row read-back on its own (``rows_readback``): the connector's gather of P rows from a paged
   cache, the final norm, and the ZMQ hop into the AR process, with the service's own classes.
 
@@ -227,10 +228,9 @@ async def measure(args: argparse.Namespace, engines: list[Engine], long: list[in
         ),
     }
     if args.profile_requests:
-        worker = capture.core.children()[0]
         report["profile_ms_per_request"] = {}
         for workload, prompt, expected in (("B2", long, cached), ("tail_only_cold", tail, 0)):
-            spy = WorkerProfile(worker.pid)
+            spy = WorkerProfile(capture.core.pid)
             await asyncio.sleep(0.3)  # py-spy attaches
             for i in range(args.profile_requests):
                 request_salt = salt if workload == "B2" else f"profile-{i}-{uuid.uuid4().hex[:6]}"
@@ -243,7 +243,7 @@ async def measure(args: argparse.Namespace, engines: list[Engine], long: list[in
 def step_attribution(report: dict) -> dict:
     """The engine step (scheduled -> first token, median) split by the profile's shares of in-step samples.
 
-    py-spy's per-request figures also count the worker's other threads and the polling between
+    py-spy's per-request figures also count the engine core's other threads and the time between
     requests, so only the split between the step's parts is taken from it, not its durations.
     """
     step = "scheduled -> first token in the engine core (the step)"
@@ -263,7 +263,6 @@ def main() -> None:
     parser.add_argument("--profile-requests", type=int, default=10, help="0: no py-spy profile")
     parser.add_argument("--out", type=Path, default=paired.RESULTS / "warm_ttft.json")
     args = parser.parse_args()
-    bench_engines.bind_every_core()
     report: dict = {
         "command": f"python benchmarks/warm_ttft.py --rounds {args.rounds} --long {args.long} "
         f"--profile-requests {args.profile_requests}",

@@ -1,6 +1,7 @@
-"""Where a vLLM model worker's time goes: py-spy on the worker process, its stacks sorted into parts.
+"""Where a vLLM model worker's time goes: py-spy on the process it runs in (the AR runs it in vLLM's
+engine core), its stacks sorted into parts.
 
-``WorkerProfile(pid)`` samples the worker (100 Hz, native frames included) until ``stop()``; the
+``WorkerProfile(pid)`` samples that process (100 Hz, native frames included) until ``stop()``; the
 samples are sorted into the parts of an engine step by the first frame that marks one, and given
 as milliseconds per unit of work (per generated token, per request). py-spy samples wall time,
 so a part that waits for a core on a busy machine grows with it; the split between parts is what
@@ -29,7 +30,7 @@ PARTS = {
     "input preparation": "GPUModelRunner._prepare_inputs",
     "logits": "compute_logits",
 }
-BETWEEN_STEPS = "between steps (worker polling: scheduler, outputs, other processes)"
+BETWEEN_STEPS = "between steps (scheduler, outputs, other threads and processes)"
 IN_A_STEP = ("execute_model", "sample_tokens")
 
 

@@ -5,11 +5,12 @@ The door sits in uvicorn's HTTP protocol (``protocol``; ``services.serve`` runs 
 the point where uvicorn answers its own ``limit_concurrency`` 503s: the request's method, path and
 headers are parsed and its ASGI task is about to start. A request the line has no room for is
 answered 429 there, with ``Retry-After`` and a request id, written straight to its connection: no
-task, span, routing, body parsing, validation or tokenizing. That is about 0.1 ms of the event loop
-per refusal on a 2-core host, a third of it the socket write, against about 0.2 ms for the same
-answer through uvicorn's ASGI cycle and the app's outermost layer (``benchmarks/results``), so a
-burst of hundreds is answered within one pass over it. The connection is kept or closed as uvicorn
-would for the same answer; a body that follows is read and dropped.
+task, span, routing, body parsing, validation or tokenizing, so a burst of hundreds is answered
+within one pass over it. On a 2-core host a burst of 522 refusals takes 153 µs of the server's CPU
+per refusal (accepting and closing the connection included) against 211 µs for the same answer from
+the app's outermost ASGI layer, where the door was before; its slowest refusal 47 ms against 69 ms
+(``benchmarks/door_burst.py``). The connection is kept or closed as uvicorn would for the same
+answer; a body that follows is read and dropped.
 
 The door counts its refusals (``http_requests`` and ``api_errors``, as the layers behind would have)
 and logs them together, at most one line a second: in a burst, an access-log line per refusal cost

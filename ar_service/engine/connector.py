@@ -7,10 +7,11 @@ prefix hit brings the hidden rows back with the KV: reading a cached block *is* 
 reconstruction. This connector only reads; it never loads anything into the cache.
 
 Loaded by vLLM from ``kv_transfer_config`` (``kv_connector_module_path``); no fork. One vLLM method
-is wrapped, in the worker process only (see below). It runs in two roles, in two processes that
-meet only through the per-step metadata:
+is wrapped, by the worker role only (see below). It runs in two roles that meet only through the
+per-step metadata (both in the EngineCore process at one device; a multi-device engine runs the
+worker role in its worker processes):
 
-- scheduler side (EngineCore process): each step, for every scheduled request, decide which rows
+- scheduler side: each step, for every scheduled request, decide which rows
   are final after this step — ``[sent, num_computed + scheduled - spec)`` — and ship their cache
   slots in the metadata. On the first step that range starts at 0 and so includes the rows of
   prefix-cache hits. When a request finishes, its remaining rows are shipped one step later
@@ -99,8 +100,8 @@ class HiddenStateConnector(KVConnectorBase_V1, SupportsHMA):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         parent = multiprocessing.parent_process()
         if parent is not None:
-            # EngineCore dies with the AR, the worker with EngineCore, also when the parent died
-            # while the engine was still starting. SIGKILL: nobody is left to read what they would
+            # EngineCore dies with the AR (a worker process, where there is one, with EngineCore), also when
+            # the parent died while the engine was still starting. SIGKILL: nobody is left to read what they would
             # finish, and a stuck step would not see a SIGTERM.
             die_with_parent(signal.SIGKILL, parent.pid)
         transfer = vllm_config.kv_transfer_config

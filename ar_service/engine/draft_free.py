@@ -15,7 +15,7 @@ still writes every scheduled token's row. ``benchmarks/capture_decode.py`` measu
 
 Upstream this is a small change: accept ``num_speculative_tokens=0`` for ``extract_hidden_states``
 (its proposer returns ``sampled_token_ids[:, :0]`` and the runner skips the draft copy when the
-draft is empty). Until vLLM has it, the proposer method is wrapped in the worker process, for the
+draft is empty). Until vLLM has it, the proposer method is wrapped where the model runs, for the
 one vLLM version the wrapper was checked against.
 """
 

@@ -37,10 +37,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ardit.ar.engine")
 
-# vLLM imports this in its CPU worker process (a name, so this process does not install it) when the
-# worker is not to busy-poll: it then polls asleep, leaving its core to the DiT (worker_wait.py).
-SLEEPING_WORKER = "ar_service.engine.worker_wait.SleepingWorker"
-
 # How often a running engine is checked for death: readiness, and every request in flight, learn of it within this.
 DEATH_CHECK_SECONDS = 0.2
 
@@ -153,11 +149,19 @@ class HiddenStateEngine:
             else None,
             # vLLM's own request spans (queue, prefill, decode times) join ardit's traces when OTLP is on.
             otlp_traces_endpoint=otlp_traces_endpoint(),
-            worker_extension_cls="" if s.cpu_worker_busy_poll or not current_platform.is_cpu() else SLEEPING_WORKER,
             **extra,
         )
         started = time.perf_counter()
         config = args.create_engine_config()
+        if current_platform.is_cpu() and config.parallel_config.world_size == 1:
+            # vLLM's CPU platform swaps the in-process executor for its multiprocess one whenever the engine
+            # core has a process of its own, as under AsyncLLM it always does. The model would then run in a
+            # third process that imports torch and vLLM again (587 MB of peak RSS here) and, for a second
+            # after every step, spins on the shared-memory queue that feeds it, on a core the DiT needs: the
+            # same 24 images took twice as long (benchmarks/results, issue 26). Here it runs on the engine
+            # core's own thread, as vLLM runs it at one GPU. What is given up is vLLM's pinning of the
+            # model's OpenMP threads to cores (VLLM_CPU_OMP_THREADS_BIND); OMP_NUM_THREADS still applies.
+            config.parallel_config.distributed_executor_backend = "uni"
         if s.kv_cache_bytes is None:  # sized in tokens once vLLM has chosen the block size
             cache = config.cache_config
             cache.kv_cache_memory_bytes = s.kv_cache_tokens(cache.block_size) * _kv_bytes_per_token(config, self.dtype)

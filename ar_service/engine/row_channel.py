@@ -1,7 +1,7 @@
-"""The channel that carries hidden rows out of the vLLM worker process into the AR service.
+"""The channel that carries hidden rows out of vLLM's model process into the AR service.
 
-vLLM runs the model in a separate worker process (on CPU: API → EngineCore → worker). The
-``HiddenStateConnector`` in the worker pushes each step's rows over ZMQ PUSH/PULL on an ``ipc://``
+vLLM runs the model outside the AR's process (in EngineCore at one device). The
+``HiddenStateConnector`` beside the model pushes each step's rows over ZMQ PUSH/PULL on an ``ipc://``
 socket (vLLM already depends on pyzmq); the AR service binds the PULL end before starting the
 engine and demultiplexes chunks to one ``RowQueue`` per engine request, by its id.
 
@@ -53,11 +53,11 @@ class RowQueueOverflow(RuntimeError):
 
 
 class RowSender:
-    """Worker side: push rows. Used from inside the vLLM worker process (the connector)."""
+    """Model side: push rows. Used from inside vLLM's model process (the connector's worker role)."""
 
     def __init__(self, endpoint: str) -> None:
         self._socket: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.PUSH)
-        # An unreachable peer must not keep the worker alive at shutdown.
+        # An unreachable peer must not keep the model's process alive at shutdown.
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.connect(endpoint)
 

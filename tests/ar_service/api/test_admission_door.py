@@ -17,7 +17,7 @@ import httpx
 import pytest
 from fastapi import FastAPI, Request
 from prometheus_client import CollectorRegistry
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from ar_service.admission import AdmissionPlace, RequestAdmission
 from ar_service.api.admission_door import REFUSAL_LOG_SECONDS, AdmissionDoor, take_place
@@ -186,11 +186,11 @@ def test_refusals_are_logged_together_not_one_line_each(caplog):
     assert len(lines) == 1 and "refused 5 image request(s)" in lines[0] and "the queue is full" in lines[0]
 
 
-async def disconnected() -> dict:
+async def disconnected() -> Message:
     return {"type": "http.disconnect"}
 
 
-async def ignored(message: dict) -> None:
+async def ignored(message: Message) -> None:
     pass
 
 
