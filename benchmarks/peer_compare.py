@@ -20,6 +20,10 @@ concurrency 1, ardit's ``server-timing`` stages split its end-to-end time into c
 DiT denoise/VAE/encode) and serving overhead, per stage.
 
     python benchmarks/peer_compare.py [--requests 12] [--repeats 2] [--size 64x64] [--steps 4]
+
+``--ardit-env KEY=VALUE ...`` adds settings to ardit's environment; ``--versus-ardit-env KEY=VALUE ...``
+puts ardit with those settings in the peer's place (reported as "peer"): a setting against the
+defaults, side by side on the same traffic.
 """
 
 from __future__ import annotations
@@ -135,18 +139,20 @@ class Server:
             self.process.wait(30)
 
 
-def start_ardit() -> Server:
+def start_ardit(settings: dict[str, str], name: str = "ardit") -> Server:
+    """ardit as ``make run`` starts it, with ``settings`` added to its environment."""
     ar_port, dit_port = paired.free_port(), paired.free_port()
     env = os.environ | {
         "ARDIT_AR_PORT": str(ar_port),
         "ARDIT_DIT_PORT": str(dit_port),
         "ARDIT_AR_LOG_LEVEL": "WARNING",
         "ARDIT_DIT_LOG_LEVEL": "WARNING",
+        **settings,
     }
     process = paired.child(
         [sys.executable, "-m", "services.launcher"], env=env, cwd=paired.REPO, stdout=subprocess.DEVNULL
     )
-    return Server("ardit", f"http://127.0.0.1:{ar_port}", process)
+    return Server(name, f"http://127.0.0.1:{ar_port}", process)
 
 
 def start_peer() -> Server:
@@ -233,6 +239,15 @@ def overhead(samples: list[dict]) -> dict:
     }
 
 
+def _settings(pairs: list[str]) -> dict[str, str]:
+    return dict(pair.split("=", 1) for pair in pairs)
+
+
+def _env_flags(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
+    flags = [("ardit-env", args.ardit_env)] if args.ardit_env else []
+    return flags + ([("versus-ardit-env", args.versus_ardit_env)] if args.versus_ardit_env is not None else [])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=12, help="requests per cell")
@@ -241,18 +256,34 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--concurrency", default="1,4,8")
     parser.add_argument("--out", type=Path, default=paired.RESULTS / "peer_compare.json")
+    parser.add_argument("--ardit-env", nargs="*", default=[], metavar="KEY=VALUE", help="added to ardit's environment")
+    parser.add_argument(
+        "--versus-ardit-env",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="the other side is ardit with these added to its environment, not the peer: ardit against itself",
+    )
     args = parser.parse_args()
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     report: dict = {
         "command": "python benchmarks/peer_compare.py "
         + f"--requests {args.requests} --repeats {args.repeats} --size {args.size} --steps {args.steps} "
-        + f"--concurrency {args.concurrency}",
+        + f"--concurrency {args.concurrency}"
+        + "".join(f" --{flag} {' '.join(values)}" for flag, values in _env_flags(args)),
         "machine": paired.machine(),
         "load_before": paired.load(),
-        "settings": "ardit: make run's defaults (launcher), ports only; peer: benchmarks/peer_server.py",
+        "settings": "ardit: make run's defaults (launcher), ports only"
+        + (f", and {' '.join(args.ardit_env)}" if args.ardit_env else "")
+        + "; peer: "
+        + (
+            "benchmarks/peer_server.py"
+            if args.versus_ardit_env is None
+            else f"ardit, make run's defaults and {' '.join(args.versus_ardit_env) or 'nothing else'}"
+        ),
     }
     started = time.time()
-    servers = [start_ardit(), start_peer()]
+    other = start_peer() if args.versus_ardit_env is None else start_ardit(_settings(args.versus_ardit_env), "peer")
+    servers = [start_ardit(_settings(args.ardit_env)), other]
     runs: dict = {}
     try:
         for server in servers:

@@ -35,3 +35,10 @@ def test_a_service_that_keeps_crashing_makes_the_launcher_give_up(monkeypatch, c
     doomed.start()
     assert supervise([doomed], f"http://127.0.0.1:{free_port()}", ready_timeout=120) == 1
     assert f"doomed crashed {MAX_CRASHES} times" in capsys.readouterr().err
+
+
+def test_the_services_openmp_threads_spin_briefly_unless_the_operator_says_otherwise(monkeypatch):
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    assert launcher.service_environment()["GOMP_SPINCOUNT"] == str(launcher.OPENMP_SPIN_ROUNDS)
+    monkeypatch.setenv("GOMP_SPINCOUNT", "300000")
+    assert launcher.service_environment()["GOMP_SPINCOUNT"] == "300000"
