@@ -78,10 +78,11 @@ def create_app(
 ) -> FastAPI:
     """``gate`` wraps the app inside the request-id layer (so its refusals carry the id too), and
     ``drain``'s gate wraps that (``admitted_while_draining``: what must still come in while draining);
-    ``door`` decides in front of everything, in the server's HTTP protocol before a request's task
-    starts: a decision that must cost next to nothing for hundreds of requests at once (the AR's
-    admission), whose answers it writes, counts, ids and logs itself. ``fatal``, ``drain``,
-    ``slow_readers`` and ``door`` go on ``app.state``, where ``services.serve`` finds them."""
+    ``door`` decides in front of everything, in the HTTP protocol ``services.serve`` runs (an app served
+    otherwise, by an in-process ASGI test client say, has none) before a request's task starts: a
+    decision that must cost next to nothing for hundreds of requests at once (the AR's admission),
+    whose answers it writes, counts, ids and logs itself. ``fatal``, ``drain``, ``slow_readers`` and
+    ``door`` go on ``app.state``, where ``services.serve`` finds them."""
     app = FastAPI(title=title, lifespan=lifespan)
     app.state.fatal = fatal
     app.state.drain = drain

@@ -1,16 +1,18 @@
-"""The image routes' door: a request takes its admission place as soon as its head is parsed, before
-any task, middleware or body parsing exists for it.
+"""The image routes' door: a request takes its admission place when it starts (once its head is
+parsed; a pipelined one, once the request before it is answered), before any task, middleware or
+body parsing exists for it.
 
-The door sits in uvicorn's HTTP protocol (``protocol``; ``services.serve`` runs the AR with it), at
-the point where uvicorn answers its own ``limit_concurrency`` 503s: the request's method, path and
-headers are parsed and its ASGI task is about to start. A request the line has no room for is
+The door sits in uvicorn's HTTP protocol (``protocol``; ``services.serve`` runs the AR with it, and an
+app served any other way, an in-process ASGI test client say, has no door), at the point where
+uvicorn picks the app for its own ``limit_concurrency`` 503s: the request's method, path and headers
+are parsed and its ASGI task is about to start. A request the line has no room for is
 answered 429 there, with ``Retry-After`` and a request id, written straight to its connection: no
 task, span, routing, body parsing, validation or tokenizing, so a burst of hundreds is answered
 within one pass over it. On a 2-core host a burst of 522 refusals takes 153 µs of the server's CPU
 per refusal (accepting and closing the connection included) against 211 µs for the same answer from
 the app's outermost ASGI layer, where the door was before; its slowest refusal 47 ms against 69 ms
 (``benchmarks/door_burst.py``). The connection is kept or closed as uvicorn would for the same
-answer; a body that follows is read and dropped.
+answer (``refuse`` says where it differs); a body that follows is read and dropped.
 
 The door counts its refusals (``http_requests`` and ``api_errors``, as the layers behind would have)
 and logs them together, at most one line a second: in a burst, an access-log line per refusal cost
@@ -33,6 +35,7 @@ import asyncio
 import functools
 import json
 import logging
+import time
 from collections.abc import Iterable
 from typing import cast
 
@@ -86,16 +89,40 @@ class AdmissionDoor:
         door = self
 
         class WithDoor(base):  # type: ignore[valid-type,misc]
+            _completing_refusals = False
+            _refused_again = False
+
             def _start_asgi_task(self, cycle: RequestResponseCycle, app: ASGIApp) -> None:
+                # Every request starts here (from its parsed head, or queued behind a pipelined one). It
+                # is not idle time: a refusal just before it, in the same bytes, armed the keep-alive timer.
+                self._unset_keepalive_if_required()
+                if self.transport.is_closing():
+                    return  # a refusal closed it: uvicorn never starts a request on a closing connection
                 scope = cast(Scope, cycle.scope)  # uvicorn's HTTPScope: the dict the app gets as its Scope
                 entered = door.enter(scope)
                 if isinstance(entered, ApiError):
                     door.refuse(entered, cycle, scope)
+                    self._refusal_complete()
                     return
                 if entered is not None:
                     scope.setdefault("state", {})[_PLACE] = entered
                     app = functools.partial(door.go_on, app)
                 super()._start_asgi_task(cycle, app)
+
+            def _refusal_complete(self) -> None:
+                """uvicorn's end of a response (the next pipelined request starts, or the keep-alive timer),
+                taken in turn for a run of pipelined refusals rather than one inside the other."""
+                if self._completing_refusals:
+                    self._refused_again = True
+                    return
+                self._completing_refusals = True
+                try:
+                    self._refused_again = True
+                    while self._refused_again:
+                        self._refused_again = False
+                        self.on_response_complete()
+                finally:
+                    self._completing_refusals = False
 
         return WithDoor
 
@@ -126,11 +153,13 @@ class AdmissionDoor:
                 place.leave()
 
     def refuse(self, refused: ApiError, cycle: RequestResponseCycle, scope: Scope) -> None:
-        """``refused`` written as the whole answer of ``cycle``'s request (``scope``); the connection kept
+        """``refused`` written as the whole answer of ``cycle``'s request (``scope``). The connection is kept
         for the next request when uvicorn would keep it (the rest of this one's body is then read and
-        dropped)."""
+        dropped), except from a client waiting to send its body (``Expect: 100-continue``) or one that no
+        longer reads what it is sent: those are closed."""
+        started = time.monotonic()
         body = json.dumps(refused.body(), ensure_ascii=False, separators=(",", ":")).encode()
-        keep_alive = cycle.keep_alive and not cycle.waiting_for_100_continue
+        keep_alive = cycle.keep_alive and not cycle.waiting_for_100_continue and not cycle.flow.write_paused
         headers = [
             *cycle.default_headers,
             (b"content-type", b"application/json"),
@@ -144,9 +173,8 @@ class AdmissionDoor:
         cycle.response_started = cycle.response_complete = True
         if not keep_alive:
             cycle.transport.close()
-        cycle.on_response()
         self._metrics.count_error(refused)
-        self._metrics.observe_response(scope["path"], scope["method"], str(refused.status), 0.0)
+        self._metrics.observe_response(scope["path"], scope["method"], str(refused.status), time.monotonic() - started)
         self._log_refusal(refused)
 
     def _decides(self, scope: Scope) -> bool:
