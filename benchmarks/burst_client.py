@@ -1,11 +1,17 @@
 """A burst of requests sent all at once, timed as the server answers them (benchmarks/load.py's
-over-capacity round, and tests/e2e/test_load.py's burst): stdlib only, so both can import it."""
+over-capacity round, and tests/e2e/test_load.py's burst): stdlib only, so both can import it.
+
+``python benchmarks/burst_client.py URL COUNT SIZE STEPS`` sends one burst from a process of its own
+and prints each answer's status and seconds as JSON: what a test uses when its own process holds
+other servers' threads (the test suite's in-process AR and DiT), which would share this client's
+interpreter lock and stretch every latency it measures."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
 import json
+import sys
 import time
 
 
@@ -49,3 +55,9 @@ async def burst_at_once(ar_url: str, requests: list[bytes]) -> list[tuple[int, f
         return await asyncio.gather(*(one(c, raw) for c, raw in zip(connections, requests, strict=True)))
     finally:
         gc.enable()
+
+
+if __name__ == "__main__":
+    url, count, size, steps = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+    answers = asyncio.run(burst_at_once(url, [request(seed, size, steps) for seed in range(count)]))
+    print(json.dumps(answers))
