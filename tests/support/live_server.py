@@ -19,11 +19,14 @@ T = TypeVar("T")
 
 
 class LiveServer:
-    def __init__(self, app: FastAPI, port: int = 0) -> None:
-        """``port``: 0 for a free one."""
+    def __init__(self, app: FastAPI, port: int = 0, send_buffer_bytes: int | None = None) -> None:
+        """``port``: 0 for a free one; ``send_buffer_bytes``: the kernel's send buffer of every connection
+        (Linux gives accepted sockets their listener's), else the kernel's own, which grows to megabytes."""
         self.app = app
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if send_buffer_bytes is not None:
+            self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer_bytes)
         self._socket.bind(("127.0.0.1", port))
         self.port = self._socket.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"

@@ -96,9 +96,11 @@ def served(
     internal: bool = False,
     take: bool = False,
     hold: float = 0.0,
+    send_buffer_bytes: int | None = None,
 ) -> Iterator[Served]:
     """The door in front of a small app, served as the AR is served (``internal``: the server's own port
-    is the AR's internal one; ``hold``: seconds the app takes over each request)."""
+    is the AR's internal one; ``hold``: seconds the app takes over each request; ``send_buffer_bytes``: the
+    kernel's send buffer of each connection)."""
     readiness = asyncio.run(ready_pair(engine_ready))
     admission = RequestAdmission(max_queued=max_queued, max_wait=60.0, metrics=ArMetrics(CollectorRegistry()))
     metrics, behind = AppMetrics(CollectorRegistry(), "ar"), Behind(take=take)
@@ -124,7 +126,7 @@ def served(
         metrics=metrics,
         internal_port=port if internal else None,
     )
-    server = LiveServer(app, port).start()
+    server = LiveServer(app, port, send_buffer_bytes).start()
     try:
         yield Served(server, admission, metrics, behind)
     finally:
@@ -218,6 +220,34 @@ def test_requests_after_a_refusal_that_closed_the_connection_are_not_started():
         answer = raw(pair.url, f"{refused}Content-Length: 2\r\n\r\n{{}}{after}".encode())
         assert answer.startswith(b"HTTP/1.1 429 ") and answer.count(b"HTTP/1.1 ") == 1
         assert pair.behind.calls == []
+
+
+def test_a_client_that_stopped_reading_its_refusals_has_its_connection_closed_not_its_answers_queued():
+    """Refusals written to a client that reads nothing fill the kernel's buffers, then the transport's; once
+    the transport pauses writing, the next refusal closes the connection instead of queueing more answers
+    in the server's memory for a reader that may never come."""
+    pipelined = 2000
+    post = f"POST {IMAGES} HTTP/1.1\r\nHost: ar\r\nAuthorization: Bearer {KEY}\r\nContent-Length: 2\r\n\r\n{{}}"
+    with served(send_buffer_bytes=4096) as pair:
+        pair.fill()
+        host, port = pair.url.removeprefix("http://").split(":")
+        connection = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        connection.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        connection.settimeout(10.0)  # past uvicorn's 5 s keep-alive: a kept connection ends in EOF too
+        with connection:
+            connection.connect((host, int(port)))
+            connection.sendall(post.encode() * pipelined)
+            time.sleep(1.0)  # the server answers what it read while nothing is read here
+            answer = b""
+            try:
+                while chunk := connection.recv(65536):
+                    answer += chunk
+            except ConnectionResetError:  # closed with requests it never read: what was read still counts
+                pass
+        refused = answer.count(b"HTTP/1.1 429 ")
+        assert 0 < refused < pipelined and answer.count(b"HTTP/1.1 ") == refused
+        assert pair.behind.calls == []
+        assert httpx.get(f"{pair.url}/v1/models").status_code == 200  # the server goes on
 
 
 def test_refusals_are_logged_together_not_one_line_each(caplog):
