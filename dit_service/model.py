@@ -53,6 +53,9 @@ class ModelCard(BaseModel):
     default_guidance_scale: float | None = None
     # The step cache a request gets when it names none (benchmarks/results/step_cache.md decides it).
     default_step_cache: StepCache | None = None
+    # torch intra-op threads the model renders fastest with on CPU, measured (benchmarks/results); None: torch's
+    # default, one per core. A model whose every op is small loses more to the threads' barriers than it gains.
+    cpu_threads: int | None = Field(None, ge=1)
     # The AR layer the model was trained on (the AR's ``hidden_layer``); an ``open`` from another is refused.
     # None: not known (no card names it, and the checkpoint ships no text encoder to read it from).
     hidden_layer: int | None = Field(None, ge=0)

@@ -27,7 +27,9 @@ class DitSettings(BaseSettings):
     )
     device: Literal["cpu", "cuda"] = Field("cpu", description="Where the pipeline runs.")
     dtype: TorchDtypeName | None = Field(None, description="Model dtype; default float32 on CPU, bfloat16 on CUDA.")
-    torch_threads: Positive | None = Field(None, description="torch intra-op threads (None: torch's default).")
+    torch_threads: Positive | None = Field(
+        None, description="torch intra-op threads (None: on CPU the model card's cpu_threads, else torch's default)."
+    )
     expected_model: str | None = Field(
         None, description="If set, the AR model tag every handoff's open.model must equal (else 4xx)."
     )

@@ -1,4 +1,4 @@
-"""``python -m dit_service`` in a subprocess, configured only through the environment."""
+"""``python -m dit_service``: its thread count, and the process itself, configured only through the environment."""
 
 from __future__ import annotations
 
@@ -14,14 +14,36 @@ from pathlib import Path
 import httpx
 import pytest
 
+from dit_service.__main__ import intra_op_threads
+from dit_service.model import MODEL_CARD_FILE
+from dit_service.settings import DitSettings
 from shared.result_frames import RESERVATION_HEADER, RESERVATIONS_PATH
 from tests.dit_service.handoff_requests import AR_MODEL, complete_handoff, handoff_headers, hidden_rows, post_handoff
 from tests.support.otlp_collector import OtlpCollector
 from tests.support.ports import free_port
 
-pytestmark = pytest.mark.slow
-
 REPO = Path(__file__).resolve().parents[2]
+
+
+def settings_for(model_dir: Path, cpu_threads: int | None, **settings: object) -> DitSettings:
+    (model_dir / MODEL_CARD_FILE).write_text("{}" if cpu_threads is None else f'{{"cpu_threads": {cpu_threads}}}')
+    return DitSettings(model_dir=model_dir, **settings)
+
+
+def test_on_cpu_the_model_cards_thread_count_is_used(tmp_path):
+    assert intra_op_threads(settings_for(tmp_path, 1)) == 1
+
+
+def test_the_operators_thread_count_wins_over_the_cards(tmp_path):
+    assert intra_op_threads(settings_for(tmp_path, 1, torch_threads=3)) == 3
+
+
+def test_without_a_count_from_either_torch_keeps_its_default(tmp_path):
+    assert intra_op_threads(settings_for(tmp_path, None)) is None
+
+
+def test_on_cuda_the_cards_cpu_thread_count_does_not_apply(tmp_path):
+    assert intra_op_threads(settings_for(tmp_path, 1, device="cuda")) is None
 
 
 @contextmanager
@@ -60,6 +82,7 @@ def dit_process(checkpoint: Path, **environment: str) -> Iterator[tuple[str, sub
         process.wait(timeout=30)
 
 
+@pytest.mark.slow
 def test_a_model_that_cannot_load_makes_the_process_exit_non_zero(tmp_path):
     env = {
         **os.environ,
@@ -75,12 +98,14 @@ def test_a_model_that_cannot_load_makes_the_process_exit_non_zero(tmp_path):
     assert b"model load failed" in finished.stderr and time.monotonic() - started < 120
 
 
+@pytest.mark.slow
 def test_module_entrypoint_serves_handoffs(tiny_checkpoint):
     with dit_process(tiny_checkpoint) as (url, _):
         answer = post_handoff(url, complete_handoff(hidden_rows(6)), headers=handoff_headers("from-env"))
     assert answer.status == 200 and answer.kinds == ["image", "done"]
 
 
+@pytest.mark.slow
 def test_otel_variables_send_the_handoff_spans_to_a_collector_in_the_senders_trace(tiny_checkpoint):
     trace_id, sender_span = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
     with OtlpCollector() as collector:
@@ -111,6 +136,7 @@ def test_otel_variables_send_the_handoff_spans_to_a_collector_in_the_senders_tra
     assert all(span.parent_span_id == handoff.span_id for span in spans.values())
 
 
+@pytest.mark.slow
 def test_sigint_stops_the_service_with_exit_code_0_and_no_traceback(tiny_checkpoint):
     # What the launcher sends each service on Ctrl-C.
     with dit_process(tiny_checkpoint) as (_, process):
@@ -120,6 +146,7 @@ def test_sigint_stops_the_service_with_exit_code_0_and_no_traceback(tiny_checkpo
     assert b"Traceback" not in output, output.decode()[-3000:]
 
 
+@pytest.mark.slow
 def test_sigterm_drains_a_reserved_handoff_refuses_new_places_and_exits_0(tiny_checkpoint):
     # What a rollout or a scale-down sends: an AR that reserved a place before the signal still gets its image.
     with dit_process(tiny_checkpoint) as (url, process):

@@ -38,3 +38,7 @@ def test_a_card_that_names_a_layer_wins_over_the_text_encoder(tmp_path):
     card = {"description": "fine-tuned on layer 20", "hidden_layer": 20}
     read = ModelCard.read(checkpoint(tmp_path, card=card, text_encoder=QWEN_IMAGE_TEXT_ENCODER))
     assert (read.hidden_layer, read.description) == (20, "fine-tuned on layer 20")
+
+
+def test_a_card_may_name_the_cpu_threads_its_model_renders_fastest_with(tmp_path):
+    assert ModelCard.read(checkpoint(tmp_path, card={"cpu_threads": 1})).cpu_threads == 1
