@@ -25,6 +25,7 @@ import torch
 from vllm.v1.engine.exceptions import EngineDeadError
 
 from ar_service.engine.connector import ROW_COUNT_KEY, ROW_QUEUE_KEY, HiddenStateConnector
+from ar_service.engine.cpu_worker_memory import RELEASE_METHOD, CpuWorkerMemory
 from ar_service.engine.row_channel import RowChannel, RowChunk, RowQueue
 from ar_service.settings import ArSettings
 from services.tracing import current_traceparent, otlp_traces_endpoint
@@ -100,6 +101,7 @@ class HiddenStateEngine:
         self.layer = settings.hidden_layer
         self.dtype = getattr(torch, settings.dtype)
         self._engine: AsyncLLM | None = None
+        self.released_bytes = 0  # by release_unused_memory, since the engine started
         self._channel: RowChannel | None = None
         self._socket_dir: tempfile.TemporaryDirectory[str] | None = None
 
@@ -149,6 +151,7 @@ class HiddenStateEngine:
             else None,
             # vLLM's own request spans (queue, prefill, decode times) join ardit's traces when OTLP is on.
             otlp_traces_endpoint=otlp_traces_endpoint(),
+            worker_extension_cls=f"{CpuWorkerMemory.__module__}.{CpuWorkerMemory.__qualname__}",
             **extra,
         )
         started = time.perf_counter()
@@ -176,6 +179,14 @@ class HiddenStateEngine:
             self.layer,
             s.final_norm,
         )
+
+    async def release_unused_memory(self) -> int:
+        """Frees what the started engine's worker holds and serving never uses (``cpu_worker_memory``);
+        the bytes freed."""
+        freed = sum(await self._running().collective_rpc(RELEASE_METHOD))
+        log.info("released %.0f MiB the engine's worker never uses", freed / 2**20)
+        self.released_bytes += freed
+        return freed
 
     def _capture_config(self) -> dict[str, Any]:
         """The engine arguments that turn capture on, and the channel the rows will arrive on."""

@@ -1,0 +1,37 @@
+"""What vLLM's CPU worker keeps that serving never uses, freed once the model is loaded.
+
+When a model loads on CPU, vLLM 0.32 readies every vocabulary-sized layer for a matmul
+(``dispatch_cpu_unquantized_gemm``): oneDNN packs a copy of its weight, kept by the layer's
+``cpu_linear``. The LM head multiplies with it. The input embedding only looks rows up (``F.embedding``
+on the weight itself) and never multiplies, yet gets a packed copy of its own: with tied embeddings, as
+SmolLM2 has, a third copy of the vocabulary matrix, 108 MiB of the engine core at the demo model
+(``benchmarks/results/memory_table.json``). ``CpuWorkerMemory`` is mixed into vLLM's worker
+(``worker_extension_cls``), and the AR calls it through ``collective_rpc`` once the engine is up. On
+a GPU no layer has a ``cpu_linear`` and nothing is freed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+
+RELEASE_METHOD = "release_input_embedding_gemm"
+
+
+class CpuWorkerMemory:
+    model_runner: Any  # the worker's, which this class is mixed into
+
+    def release_input_embedding_gemm(self) -> int:
+        """Drops the packed matmul copy of every input embedding that is not also the LM head; the bytes
+        freed (the weight's size: oneDNN's packed copy is as large)."""
+        model = self.model_runner.model
+        lm_head = getattr(model, "lm_head", None)
+        freed = 0
+        for module in model.modules():
+            if not isinstance(module, VocabParallelEmbedding) or isinstance(module, ParallelLMHead):
+                continue
+            if module is not lm_head and hasattr(module, "cpu_linear"):
+                del module.cpu_linear
+                freed += module.weight.nbytes
+        return freed
