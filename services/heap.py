@@ -1,4 +1,4 @@
-"""The startup heap marked static, so the garbage collector stops walking it on every full collection.
+"""The startup heap marked static, and the memory start-up freed given back to the system.
 
 A service imports torch, transformers and diffusers (and the AR, vLLM): millions of objects that
 live as long as the process. Python's oldest-generation collection walks all of them, and here it
@@ -7,15 +7,31 @@ all waited behind it (every 429 of a 783-request burst came after 450-590 ms; th
 takes 0.1 ms). ``gc.freeze`` moves what exists once the service is ready into a generation the
 collector ignores — what vLLM's own API server does after start-up (``vllm.utils.gc_utils``);
 objects made later are collected as before.
+
+Loading a model frees much of what it allocated (checkpoint reads, weights replaced by packed
+copies), and glibc's malloc keeps freed memory inside its heap for reuse: only what is free at the
+heap's top goes back on its own. ``malloc_trim`` gives back every free page, wherever it is: 66 MB of
+the AR engine core's heap at the demo model (``benchmarks/results/memory_table.json``).
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import gc
 
 
 def freeze_startup_heap() -> None:
     """Call once, when the service is ready and before it takes requests: collects what start-up left
-    behind (so it is not frozen as garbage), then freezes the rest."""
+    behind (so it is not frozen as garbage), freezes the rest, and gives the freed pages back."""
     gc.collect()
     gc.freeze()
+    return_free_pages()
+
+
+def return_free_pages() -> None:
+    """glibc's ``malloc_trim(0)``: every whole free page of malloc's heaps back to the system (a C library
+    without it keeps them)."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    if hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
