@@ -13,8 +13,9 @@ system (``services.heap``), as the AR and DiT processes give theirs back once re
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
+import torch
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 
 from services.heap import return_free_pages
@@ -36,6 +37,6 @@ class CpuWorkerMemory:
                 continue
             if module is not lm_head and hasattr(module, "cpu_linear"):
                 del module.cpu_linear
-                freed += module.weight.nbytes
+                freed += cast(torch.Tensor, module.weight).nbytes
         return_free_pages()
         return freed

@@ -183,7 +183,7 @@ class HiddenStateEngine:
     async def release_unused_memory(self) -> int:
         """Frees what the started engine's worker holds and serving never uses (``cpu_worker_memory``);
         the bytes freed."""
-        freed = sum(await self._running().collective_rpc(RELEASE_METHOD))
+        freed: int = sum(await self._running().collective_rpc(RELEASE_METHOD))
         log.info("released %.0f MiB the engine's worker never uses", freed / 2**20)
         self.released_bytes += freed
         return freed

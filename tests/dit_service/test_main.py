@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -25,7 +26,7 @@ from tests.support.ports import free_port
 REPO = Path(__file__).resolve().parents[2]
 
 
-def settings_for(model_dir: Path, cpu_threads: int | None, **settings: object) -> DitSettings:
+def settings_for(model_dir: Path, cpu_threads: int | None, **settings: Any) -> DitSettings:
     (model_dir / MODEL_CARD_FILE).write_text("{}" if cpu_threads is None else f'{{"cpu_threads": {cpu_threads}}}')
     return DitSettings(model_dir=model_dir, **settings)
 
