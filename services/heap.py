@@ -10,8 +10,8 @@ objects made later are collected as before.
 
 Loading a model frees much of what it allocated (checkpoint reads, weights replaced by packed
 copies), and glibc's malloc keeps freed memory inside its heap for reuse: only what is free at the
-heap's top goes back on its own. ``malloc_trim`` gives back every free page, wherever it is: 66 MB of
-the AR engine core's heap at the demo model (``benchmarks/results/memory_table.json``).
+heap's top goes back on its own. ``malloc_trim`` gives back every free page, wherever it is: 70 MB of
+the AR's engine core and 49 MB of its API process at the defaults (``benchmarks/results/memory_table.json``).
 """
 
 from __future__ import annotations
