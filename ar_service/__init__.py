@@ -12,6 +12,7 @@ The names below are the in-process API: what code running beside the service in 
 __version__ = "0.1.0"
 
 from ar_service.app import ArRuntime, create_ar_app
+from ar_service.dit_pool import dit_session
 from ar_service.engine.final_norm import FinalNorm
 from ar_service.engine.hidden_state_engine import (
     EngineEvent,
@@ -41,4 +42,5 @@ __all__ = [
     "RowSender",
     "RowsEvent",
     "create_ar_app",
+    "dit_session",
 ]

@@ -16,11 +16,12 @@ the DiT unavailable — is waited for, and then all callers share the one probe.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from dataclasses import dataclass
 
-import httpx
+import aiohttp
 from pydantic import ValidationError
 
 from shared.capabilities import DitCapabilities
@@ -29,6 +30,8 @@ log = logging.getLogger("ardit.ar.dit_peer")
 
 # The DiT's readiness is asked at most this often; probes and requests come more often.
 RECHECK_SECONDS = 2.0
+# A DiT that has not answered its readiness probe within this is not ready.
+PROBE_TIMEOUT_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -39,10 +42,12 @@ class PeerState:
 
 
 class DitPeer:
-    def __init__(self, client: httpx.AsyncClient, *, hidden_size: int, layer: int, conditioning: str) -> None:
-        """``client`` carries the DiT's base URL; the caller owns its lifetime. ``layer``: the AR layer
-        whose rows this AR streams."""
-        self._client = client
+    def __init__(
+        self, session: aiohttp.ClientSession, base_url: str, *, hidden_size: int, layer: int, conditioning: str
+    ) -> None:
+        """The caller owns ``session``'s lifetime. ``layer``: the AR layer whose rows this AR streams."""
+        self._session = session
+        self._readyz = f"{base_url}/readyz"
         self._hidden_size = hidden_size
         self._layer = layer
         self._conditioning = conditioning
@@ -84,13 +89,14 @@ class DitPeer:
 
     async def _probe(self) -> PeerState:
         try:
-            response = await self._client.get("/readyz", timeout=2.0)
-        except httpx.HTTPError:
+            async with asyncio.timeout(PROBE_TIMEOUT_SECONDS), self._session.get(self._readyz) as response:
+                status, answer = response.status, await response.read()
+        except (aiohttp.ClientError, TimeoutError):
             return PeerState(False, "DiT service unreachable")
-        if response.status_code != 200:
+        if status != 200:
             return PeerState(False, "DiT service not ready")
         try:
-            capabilities = DitCapabilities.model_validate(response.json()["capabilities"])
+            capabilities = DitCapabilities.model_validate(json.loads(answer)["capabilities"])
         except (ValueError, KeyError, TypeError, ValidationError):
             return PeerState(False, "DiT service announced no usable capabilities")
         if capabilities.hidden_size != self._hidden_size:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import socket
 from collections.abc import AsyncIterator, Callable
@@ -24,7 +25,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
-import httpx
+import aiohttp
 
 from ar_service.dit_peer import DitPeer
 from ar_service.handoff_body import HandoffBody
@@ -40,7 +41,21 @@ from shared.capabilities import DitCapabilities
 
 log = logging.getLogger("ardit.ar.dit_pool")
 
-ClientFactory = Callable[[str], httpx.AsyncClient]
+# A replica's HTTP session, made when its URL first appears.
+SessionFactory = Callable[[], aiohttp.ClientSession]
+
+
+def dit_session(settings: ArSettings) -> aiohttp.ClientSession:
+    """The HTTP session the AR talks to one DiT replica with (made inside the running event loop)."""
+    # Reads time out after the stall timeout (writes: ``HandoffClient``): the DiT sends progress while it
+    # works (queued or rendering), so silence that long means it froze.
+    timeout = aiohttp.ClientTimeout(
+        total=None, sock_connect=settings.dit_connect_timeout_seconds, sock_read=settings.dit_stall_timeout_seconds
+    )
+    # Idle connections are dropped before the DiT's server drops them (uvicorn's 5 s keep-alive), so a request
+    # does not go out on a connection the DiT is closing.
+    connector = aiohttp.TCPConnector(limit=64, keepalive_timeout=4.0)
+    return aiohttp.ClientSession(connector=connector, timeout=timeout, cookie_jar=aiohttp.DummyCookieJar())
 
 
 @dataclass(frozen=True)
@@ -54,7 +69,7 @@ class PoolState:
 @dataclass
 class DitReplica:
     url: str
-    client: httpx.AsyncClient
+    session: aiohttp.ClientSession
     peer: DitPeer
     handoff: HandoffClient
     outstanding: int = 0
@@ -82,9 +97,10 @@ class ReservedDit:
 @dataclass
 class DitPool:
     targets: list[str]
-    make_client: ClientFactory
+    make_session: SessionFactory
     token: str | None
     deadline_seconds: float
+    stall_seconds: float
     hidden_size: int
     layer: int  # the AR layer whose rows this AR streams
     conditioning: str
@@ -95,18 +111,12 @@ class DitPool:
     def of_settings(cls, settings: ArSettings, hidden_size: int, layer: int) -> DitPool:
         """The pool ``ARDIT_AR_DIT_URL`` names, talking to each replica as the settings say."""
 
-        def client(base_url: str) -> httpx.AsyncClient:
-            # Reads and writes time out after the stall timeout: the DiT sends progress while it works
-            # (queued or rendering), so silence that long means it froze.
-            timeout = httpx.Timeout(settings.dit_stall_timeout_seconds, connect=settings.dit_connect_timeout_seconds)
-            limits = httpx.Limits(max_connections=64, max_keepalive_connections=16)
-            return httpx.AsyncClient(base_url=base_url, timeout=timeout, limits=limits)
-
         return cls(
             targets=[url.strip().rstrip("/") for url in settings.dit_url.split(",") if url.strip()],
-            make_client=client,
+            make_session=functools.partial(dit_session, settings),
             token=settings.handoff_token.get_secret_value() if settings.handoff_token else None,
             deadline_seconds=settings.dit_timeout_seconds,
+            stall_seconds=settings.dit_stall_timeout_seconds,
             hidden_size=hidden_size,
             layer=layer,
             conditioning=settings.conditioning,
@@ -130,11 +140,14 @@ class DitPool:
                 self._resolved[target] = expanded
         for url in urls:
             if url not in self.replicas:
-                client = self.make_client(url)
-                peer = DitPeer(client, hidden_size=self.hidden_size, layer=self.layer, conditioning=self.conditioning)
-                self.replicas[url] = DitReplica(
-                    url, client, peer, HandoffClient(client, self.token, self.deadline_seconds)
+                session = self.make_session()
+                peer = DitPeer(
+                    session, url, hidden_size=self.hidden_size, layer=self.layer, conditioning=self.conditioning
                 )
+                handoff = HandoffClient(
+                    session, url, self.token, deadline_seconds=self.deadline_seconds, stall_seconds=self.stall_seconds
+                )
+                self.replicas[url] = DitReplica(url, session, peer, handoff)
                 log.info("DiT replica %s added", url)
             self.replicas[url].retired = False
         for url, replica in list(self.replicas.items()):
@@ -217,12 +230,12 @@ class DitPool:
     async def _close_if_done(self, replica: DitReplica) -> None:
         if replica.retired and replica.outstanding == 0 and self.replicas.get(replica.url) is replica:
             del self.replicas[replica.url]
-            await replica.client.aclose()
+            await replica.session.close()
             log.info("DiT replica %s closed", replica.url)
 
     async def aclose(self) -> None:
         for replica in self.replicas.values():
-            await replica.client.aclose()
+            await replica.session.close()
         self.replicas.clear()
 
 

@@ -2,7 +2,7 @@
 
 The seed payload (5,900 rows x 3,584 BF16, 42.3 MB, 5,901 token ids) leaves this process through the
 service's own send path: ``HandoffBody`` (fed by stand-in engine runs that yield the rows the way
-``HiddenStateEngine`` does) -> ``HandoffClient`` -> httpx, as the AR service configures it. It lands in
+``HiddenStateEngine`` does) -> ``HandoffClient`` -> aiohttp, as the AR service configures it. It lands in
 a second process, a receiver built from the DiT's own ``HandoffIntake`` (the real frame reader, row
 buffer, pool and checks) under uvicorn as the DiT service runs it. The receiver answers as soon as
 it holds the assembled conditioning (no pipeline: that is not the point here), with a ``done`` frame.
@@ -39,7 +39,6 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
 
-import httpx
 import paired
 import torch
 from fastapi import FastAPI, Request
@@ -47,7 +46,15 @@ from fastapi.responses import StreamingResponse
 
 paired.use_this_checkout()
 
-from ar_service import EngineEvent, FinishedEvent, HandoffBody, HandoffClient, RowsEvent  # noqa: E402
+from ar_service import (  # noqa: E402
+    ArSettings,
+    EngineEvent,
+    FinishedEvent,
+    HandoffBody,
+    HandoffClient,
+    RowsEvent,
+    dit_session,
+)
 from shared.diffusion import DiffusionParams  # noqa: E402
 from shared.frames import OpenFrame, StreamSpec  # noqa: E402
 from shared.handoff_encoder import HandoffEncoder  # noqa: E402
@@ -232,13 +239,10 @@ async def measure(args: argparse.Namespace, http_port: int, raw_port: int) -> di
     }
     results: dict[str, list[dict]] = {name: [] for name in [*modes, "raw socket", "memcpy"]}
     raw_payload = tensor_bytes(rows)
-    # As the AR service configures its DiT client (ar_service/app.py).
-    async with httpx.AsyncClient(
-        base_url=f"http://127.0.0.1:{http_port}",
-        timeout=httpx.Timeout(60.0, connect=5.0),
-        limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
-    ) as http:
-        client = HandoffClient(http, TOKEN, deadline_seconds=600)
+    # As the AR service configures its DiT client (ar_service/dit_pool.py).
+    settings = ArSettings(dit_stall_timeout_seconds=60.0)
+    async with dit_session(settings) as http:
+        client = HandoffClient(http, f"http://127.0.0.1:{http_port}", TOKEN, deadline_seconds=600, stall_seconds=60.0)
         steps = [*modes, "raw socket", "memcpy"]
         for rep in range(args.reps + 1):  # repetition 0 warms the connection, pool and caches
             order = steps[rep % len(steps) :] + steps[: rep % len(steps)]

@@ -1,46 +1,54 @@
-"""The pool of DiT replicas on its own (replicas answer through httpx's MockTransport)."""
+"""The pool of DiT replicas on its own (each replica a stand-in DiT on a loopback port)."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
 
-import httpx
+import aiohttp
 import pytest
+from aiohttp import web
 
 from ar_service.dit_pool import DitPool
 from ar_service.handoff_client import DitBusy, DitUnavailable
 from shared.result_frames import DoneFrame, encode_result
 from tests.ar_service.test_handoff_body import body_of, run_of
 from tests.support.capabilities import DIT
+from tests.support.fake_dit import fake_dit, ready
 
 
-def pool_of(*urls: str, answers) -> DitPool:
+def pool_of(*urls: str) -> DitPool:
     return DitPool(
         list(urls),
-        make_client=lambda url: httpx.AsyncClient(base_url=url, transport=httpx.MockTransport(answers(url))),
+        make_session=aiohttp.ClientSession,
         token="t",
         deadline_seconds=5.0,
+        stall_seconds=5.0,
         hidden_size=576,
         layer=30,
         conditioning="qwen_image",
     )
 
 
-def ready_with(capabilities=DIT):
-    def answer(_):
-        return httpx.Response(
-            200, json={"status": "ready", "reason": "ready", "capabilities": capabilities.model_dump(mode="json")}
-        )
+async def always_ready(_: web.Request) -> web.Response:
+    return ready()
 
-    return answer
+
+async def not_ready(_: web.Request) -> web.Response:
+    return web.json_response({"status": "not_ready", "reason": "loading"}, status=503)
 
 
 def test_several_urls_are_several_replicas_and_their_capacity_adds_up():
     async def scenario():
-        pool = pool_of("http://10.0.0.1:8001", "http://10.0.0.2:8001", answers=lambda url: ready_with())
-        await pool.refresh()
-        return await pool.state()
+        async with fake_dit(always_ready) as one, fake_dit(always_ready) as two:
+            pool = pool_of(one.url, two.url)
+            await pool.refresh()
+            try:
+                return await pool.state()
+            finally:
+                await pool.aclose()
 
     state = asyncio.run(scenario())
     assert state.ready and state.capacity == 2 * DIT.capacity.max_outstanding and "2/2" in state.reason
@@ -48,133 +56,130 @@ def test_several_urls_are_several_replicas_and_their_capacity_adds_up():
 
 def test_a_dns_name_becomes_one_replica_per_address():
     async def scenario():
-        pool = pool_of("http://localhost:8001", answers=lambda url: ready_with())
+        pool = pool_of("http://localhost:8001")
         await pool.refresh()
-        return sorted(pool.replicas)
+        try:
+            return sorted(pool.replicas)
+        finally:
+            await pool.aclose()
 
     assert asyncio.run(scenario()) == ["http://127.0.0.1:8001"]
 
 
 def test_a_failed_dns_lookup_keeps_the_replicas_of_the_last_answer():
     async def scenario():
-        pool = pool_of("http://localhost:8001", answers=lambda url: ready_with())
-        await pool.refresh()
+        async with fake_dit(always_ready) as dit:
+            pool = pool_of(dit.url.replace("127.0.0.1", "localhost"))
+            await pool.refresh()
 
-        async def no_dns(*args, **kwargs):
-            raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+            async def no_dns(*args, **kwargs):
+                raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
 
-        asyncio.get_running_loop().getaddrinfo = no_dns  # type: ignore[method-assign]
-        await pool.refresh()
-        return {url: replica.retired for url, replica in pool.replicas.items()}, (await pool.state()).ready
+            asyncio.get_running_loop().getaddrinfo = no_dns  # type: ignore[method-assign]
+            await pool.refresh()
+            try:
+                return {u: r.retired for u, r in pool.replicas.items()}, (await pool.state()).ready, dit.url
+            finally:
+                await pool.aclose()
 
-    replicas, ready = asyncio.run(scenario())
-    assert replicas == {"http://127.0.0.1:8001": False} and ready
+    replicas, ready_now, url = asyncio.run(scenario())
+    assert replicas == {url: False} and ready_now
 
 
 def test_the_least_loaded_ready_replica_with_room_is_picked():
     async def scenario():
-        def answers(url):
-            if "10.0.0.3" in url:
-                return lambda _: httpx.Response(503, json={"status": "not_ready", "reason": "loading"})
-            return ready_with()
+        async with fake_dit(always_ready) as one, fake_dit(always_ready) as two, fake_dit(not_ready) as three:
+            pool = pool_of(one.url, two.url, three.url)
+            await pool.refresh()
+            await pool.state()
+            pool.replicas[one.url].outstanding = 2
+            first = pool._pick(exclude=set())
+            pool.replicas[two.url].outstanding = DIT.capacity.max_outstanding  # full
+            second = pool._pick(exclude=set())
+            await pool.aclose()
+            assert first is not None and second is not None
+            return (first.url, second.url) == (two.url, one.url)
 
-        pool = pool_of("http://10.0.0.1:8001", "http://10.0.0.2:8001", "http://10.0.0.3:8001", answers=answers)
-        await pool.refresh()
-        await pool.state()
-        pool.replicas["http://10.0.0.1:8001"].outstanding = 2
-        first = pool._pick(exclude=set())
-        pool.replicas["http://10.0.0.2:8001"].outstanding = DIT.capacity.max_outstanding  # full
-        second = pool._pick(exclude=set())
-        assert first is not None and second is not None
-        return first.url, second.url
-
-    assert asyncio.run(scenario()) == ("http://10.0.0.2:8001", "http://10.0.0.1:8001")
+    assert asyncio.run(scenario())
 
 
 def test_a_replica_that_leaves_the_answer_takes_no_new_work():
     async def scenario():
-        pool = pool_of("http://10.0.0.1:8001", answers=lambda url: ready_with())
-        await pool.refresh()
-        await pool.state()
-        replica = pool.replicas["http://10.0.0.1:8001"]
-        replica.outstanding = 1  # a handoff still on it
-        pool.targets = []
-        await pool.refresh()
-        return replica.retired, pool._pick(exclude=set()), "http://10.0.0.1:8001" in pool.replicas
+        async with fake_dit(always_ready) as dit:
+            pool = pool_of(dit.url)
+            await pool.refresh()
+            await pool.state()
+            replica = pool.replicas[dit.url]
+            replica.outstanding = 1  # a handoff still on it
+            pool.targets = []
+            await pool.refresh()
+            outcome = replica.retired, pool._pick(exclude=set()), dit.url in pool.replicas
+            await pool.aclose()
+            return outcome
 
     assert asyncio.run(scenario()) == (True, None, True)
 
 
-class FakeDit(httpx.AsyncBaseTransport):
-    """Ready; then it answers reservations as ``answer`` says ("ok", "busy", "not_ready" or
-    "unreachable", a refused TCP connect) after ``delay`` seconds, takes cancellations, and reads a
-    handoff body to answer ``done``."""
+def fake_replica(answer: str, seen: list[str], delay: float = 0.0):
+    """Ready; then it answers reservations as ``answer`` says ("ok", "busy" or "not_ready") after ``delay``
+    seconds, takes cancellations, and reads a handoff body to answer ``done``."""
 
-    def __init__(self, url: str, answer: str, seen: list[str], delay: float = 0.0) -> None:
-        self.url, self.answer, self.seen, self.delay = url, answer, seen, delay
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/readyz":
-            return ready_with()(request)
-        self.seen.append(f"{request.method} {self.url}{request.url.path}")
+    async def handler(request: web.Request) -> web.StreamResponse:
+        if request.path == "/readyz":
+            return ready()
+        seen.append(f"{request.method} {request.path}")
         if request.method == "DELETE":
-            return httpx.Response(204)
-        if request.url.path == "/v1/handoff/reservations":
-            await asyncio.sleep(self.delay)
-            if self.answer == "unreachable":
-                raise httpx.ConnectError("refused", request=request)
-            if self.answer != "ok":
-                status = 429 if self.answer == "busy" else 503
-                return httpx.Response(status, json={"error": {"message": self.answer, "code": self.answer}})
-            return httpx.Response(201, json={"reservation": "r-1", "expires_in": 30})
+            return web.Response(status=204)
+        if request.path == "/v1/handoff/reservations":
+            await asyncio.sleep(delay)
+            if answer != "ok":
+                status = 429 if answer == "busy" else 503
+                return web.json_response({"error": {"message": answer, "code": answer}}, status=status)
+            return web.json_response({"reservation": "r-1", "expires_in": 30}, status=201)
         assert request.headers["x-ardit-reservation"] == "r-1"
-        await request.aread()
-        return httpx.Response(200, stream=httpx.ByteStream(encode_result(DoneFrame(request_id="req_body"))))
+        await request.read()
+        return web.Response(body=encode_result(DoneFrame(request_id="req_body")))
+
+    return handler
+
+
+@asynccontextmanager
+async def fake_pool(answers: list[str], delay: float = 0.0) -> AsyncIterator[tuple[DitPool, list[list[str]]]]:
+    """A pool of one stand-in replica per answer, found ready; with what each replica was asked. A replica
+    answering "unreachable" stops listening once found ready: its reservation's connection is refused."""
+    seen: list[list[str]] = [[] for _ in answers]
+    async with AsyncExitStack() as stack:
+        dits = [
+            await stack.enter_async_context(fake_dit(fake_replica(a, seen[i], delay))) for i, a in enumerate(answers)
+        ]
+        pool = pool_of(*(dit.url for dit in dits))
+        await pool.refresh()
+        await pool.state()
+        for answer, dit in zip(answers, dits, strict=True):
+            if answer == "unreachable":
+                await dit.stop()
+        try:
+            yield pool, seen
+        finally:
+            await pool.aclose()
 
 
 @pytest.mark.parametrize("refusal", ["unreachable", "busy", "not_ready"])
 def test_a_replica_that_refuses_a_reservation_hands_the_request_to_another_before_any_engine_work(refusal):
-    seen: list[str] = []
-
     async def scenario():
-        answers = {"http://10.0.0.1:8001": refusal, "http://10.0.0.2:8001": "ok"}
-        pool = DitPool(
-            list(answers),
-            make_client=lambda url: httpx.AsyncClient(base_url=url, transport=FakeDit(url, answers[url], seen)),
-            token="t",
-            deadline_seconds=5.0,
-            hidden_size=576,
-            layer=30,
-            conditioning="qwen_image",
-        )
-        await pool.refresh()
-        await pool.state()
-        async with pool.reserve("req_body") as dit:
-            # Inside the block is where the engine work runs: both replicas were asked before it.
-            assert seen == [
-                "POST http://10.0.0.1:8001/v1/handoff/reservations",
-                "POST http://10.0.0.2:8001/v1/handoff/reservations",
-            ]
-            body = body_of({"cond": run_of([5, 6, 7, 8], [3])})
-            async with body:
-                result = await dit.exchange(body)
-        return result, [r.outstanding for r in pool.replicas.values()]
+        async with fake_pool([refusal, "ok"]) as (pool, seen):
+            async with pool.reserve("req_body") as dit:
+                # Inside the block is where the engine work runs: both replicas were asked before it.
+                asked = ["POST /v1/handoff/reservations"]
+                assert seen == [[] if refusal == "unreachable" else asked, asked]
+                body = body_of({"cond": run_of([5, 6, 7, 8], [3])})
+                async with body:
+                    result = await dit.exchange(body)
+            return result, [r.outstanding for r in pool.replicas.values()], seen
 
-    result, outstanding = asyncio.run(scenario())
+    result, outstanding, seen = asyncio.run(scenario())
     assert result.done.request_id == "req_body" and outstanding == [0, 0]
-    assert seen[-1] == "POST http://10.0.0.2:8001/v1/handoff"
-
-
-def fake_pool(answers: dict[str, str], seen: list[str], delay: float = 0.0) -> DitPool:
-    return DitPool(
-        list(answers),
-        make_client=lambda url: httpx.AsyncClient(base_url=url, transport=FakeDit(url, answers[url], seen, delay)),
-        token="t",
-        deadline_seconds=5.0,
-        hidden_size=576,
-        layer=30,
-        conditioning="qwen_image",
-    )
+    assert seen[1][-1] == "POST /v1/handoff"
 
 
 @pytest.mark.parametrize(
@@ -187,38 +192,30 @@ def fake_pool(answers: dict[str, str], seen: list[str], delay: float = 0.0) -> D
 )
 def test_when_every_replica_refuses_the_request_fails_before_any_engine_work(refusals, error, message):
     async def scenario():
-        pool = fake_pool({"http://10.0.0.1:8001": refusals[0], "http://10.0.0.2:8001": refusals[1]}, [])
-        await pool.refresh()
-        await pool.state()
-        with pytest.raises(error, match=message):
-            async with pool.reserve("req_body"):
-                raise AssertionError("no place was reserved, so no engine work may start")
-        return [r.outstanding for r in pool.replicas.values()]
+        async with fake_pool(refusals) as (pool, _):
+            with pytest.raises(error, match=message):
+                async with pool.reserve("req_body"):
+                    raise AssertionError("no place was reserved, so no engine work may start")
+            return [r.outstanding for r in pool.replicas.values()]
 
     assert asyncio.run(scenario()) == [0, 0]
 
 
 def test_a_request_cancelled_while_its_place_is_asked_for_gives_the_place_back():
-    seen: list[str] = []
-
     async def scenario():
-        pool = fake_pool({"http://10.0.0.1:8001": "ok"}, seen, delay=0.2)
-        await pool.refresh()
-        await pool.state()
+        async with fake_pool(["ok"], delay=0.2) as (pool, seen):
 
-        async def reserve_and_work() -> None:
-            async with pool.reserve("req_body"):
-                raise AssertionError("cancelled before the place was reserved")
+            async def reserve_and_work() -> None:
+                async with pool.reserve("req_body"):
+                    raise AssertionError("cancelled before the place was reserved")
 
-        asking = asyncio.ensure_future(reserve_and_work())
-        await asyncio.sleep(0.05)
-        asking.cancel()  # the client left
-        with pytest.raises(asyncio.CancelledError):
-            await asking
-        return [r.outstanding for r in pool.replicas.values()]
+            asking = asyncio.ensure_future(reserve_and_work())
+            await asyncio.sleep(0.05)
+            asking.cancel()  # the client left
+            with pytest.raises(asyncio.CancelledError):
+                await asking
+            return [r.outstanding for r in pool.replicas.values()], seen
 
-    assert asyncio.run(scenario()) == [0]
-    assert seen == [
-        "POST http://10.0.0.1:8001/v1/handoff/reservations",
-        "DELETE http://10.0.0.1:8001/v1/handoff/reservations/r-1",
-    ]
+    outstanding, seen = asyncio.run(scenario())
+    assert outstanding == [0]
+    assert seen == [["POST /v1/handoff/reservations", "DELETE /v1/handoff/reservations/r-1"]]

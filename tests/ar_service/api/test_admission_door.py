@@ -13,8 +13,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+import aiohttp
 import httpx
 import pytest
+from aiohttp import web
 from fastapi import FastAPI, Request
 from prometheus_client import CollectorRegistry
 from starlette.types import Message, Receive, Scope, Send
@@ -29,6 +31,7 @@ from services.auth import BearerAuth
 from services.drain import Drain
 from services.errors import ApiError
 from tests.support.capabilities import DIT
+from tests.support.fake_dit import fake_dit, ready
 from tests.support.launched_pair import wait_for
 from tests.support.live_server import LiveServer
 from tests.support.ports import free_port
@@ -39,20 +42,27 @@ AUTH = {"authorization": f"Bearer {KEY}"}
 
 
 async def ready_pair(engine_ready: bool = True) -> ArReadiness:
-    answer = {"status": "ready", "reason": "ready", "capabilities": DIT.model_dump(mode="json")}
-    pool = DitPool(
-        ["http://10.0.0.1:8001"],
-        make_client=lambda url: httpx.AsyncClient(
-            base_url=url, transport=httpx.MockTransport(lambda _: httpx.Response(200, json=answer))
-        ),
-        token="t",
-        deadline_seconds=5.0,
-        hidden_size=DIT.hidden_size,
-        layer=30,
-        conditioning="qwen_image",
-    )
-    await pool.refresh()
-    await pool.state()
+    """Readiness as the AR has it once its pool probed one ready DiT. The door reads only what that probe
+    found, never probes itself: the stand-in DiT and the pool's session are closed once it has."""
+
+    async def ready_dit(_: web.Request) -> web.Response:
+        return ready()
+
+    async with fake_dit(ready_dit) as dit:
+        pool = DitPool(
+            [dit.url],
+            make_session=aiohttp.ClientSession,
+            token="t",
+            deadline_seconds=5.0,
+            stall_seconds=5.0,
+            hidden_size=DIT.hidden_size,
+            layer=30,
+            conditioning="qwen_image",
+        )
+        await pool.refresh()
+        await pool.state()
+        for replica in pool.replicas.values():
+            await replica.session.close()
     return ArReadiness(pool, engine_ready=engine_ready)
 
 
