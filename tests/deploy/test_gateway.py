@@ -225,6 +225,16 @@ def _replicas(tmp: Path, redis_url: str) -> tuple[list[Replica], list[Replica]]:
     return ars, dits
 
 
+def _wait_in_rotation(gateway: str) -> None:
+    """Until HAProxy has both ready ARs in rotation. It checks each every second and takes it in at the first
+    pass (``inter 1s rise 1``), so for up to a second after the replicas are ready the gateway still answers 503."""
+    deadline = time.monotonic() + 30
+    while httpx.get(f"{gateway}/readyz").status_code != 200:
+        assert time.monotonic() < deadline, "the gateway put no AR in rotation within 30 s"
+        time.sleep(0.1)
+    time.sleep(1.5)  # one more check interval: the other ready AR is in rotation too
+
+
 @pytest.fixture(scope="module")
 def topology(tmp_path_factory) -> Iterator[Topology]:
     tmp = tmp_path_factory.mktemp("gateway")
@@ -246,6 +256,7 @@ def topology(tmp_path_factory) -> Iterator[Topology]:
                 replica.start()
             for replica in (*dits, *ars):
                 replica.wait_ready()
+            _wait_in_rotation(f"http://127.0.0.1:{gateway_port}")
             REPORT["start_seconds"] = round(time.monotonic() - started, 1)
             yield Topology(f"http://127.0.0.1:{gateway_port}", ars, dits, haproxy, redis_url)
         finally:
