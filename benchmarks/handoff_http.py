@@ -242,7 +242,8 @@ async def measure(args: argparse.Namespace, http_port: int, raw_port: int) -> di
     # As the AR service configures its DiT client (ar_service/dit_pool.py).
     settings = ArSettings(dit_stall_timeout_seconds=60.0)
     async with dit_session(settings) as http:
-        client = HandoffClient(http, f"http://127.0.0.1:{http_port}", TOKEN, deadline_seconds=600, stall_seconds=60.0)
+        url, stall = f"http://127.0.0.1:{http_port}", settings.dit_stall_timeout_seconds
+        client = HandoffClient(http, url, TOKEN, deadline_seconds=600, stall_seconds=stall)
         steps = [*modes, "raw socket", "memcpy"]
         for rep in range(args.reps + 1):  # repetition 0 warms the connection, pool and caches
             order = steps[rep % len(steps) :] + steps[: rep % len(steps)]
