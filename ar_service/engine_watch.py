@@ -1,11 +1,10 @@
 """The AR engine's life in a running service: started and warmed in the background, then watched.
 
 ``run_engine`` is a task of the app's lifespan. It starts the engine in a worker thread (so
-``/healthz`` answers at once), frees what the engine's worker holds and never uses, runs one tiny
-request through the whole capture path before traffic does, marks readiness, then waits for the
-engine to die (``HiddenStateEngine.died``). An engine that fails to start or dies is fatal: readiness
-turns 503 and the service exits, so its supervisor restarts it (every request in flight learns of the
-death on its own, and answers 503 ``engine_unavailable``).
+``/healthz`` answers at once), runs one tiny request through the whole capture path before traffic
+does, marks readiness, then waits for the engine to die (``HiddenStateEngine.died``). An engine that
+fails to start or dies is fatal: readiness turns 503 and the service exits, so its supervisor restarts
+it (every request in flight learns of the death on its own, and answers 503 ``engine_unavailable``).
 """
 
 from __future__ import annotations
@@ -30,7 +29,6 @@ async def run_engine(
     """Start and warm the engine, then watch it until cancelled: an engine that fails or dies is fatal."""
     try:
         await asyncio.to_thread(engine.start)
-        await engine.release_unused_memory()
         metrics.vllm.capture()
         warm = EngineRequest(
             engine_request_id=f"warmup:{secrets.token_hex(4)}", prompt_token_ids=prompts.build("warm up").token_ids

@@ -12,6 +12,8 @@ Loading a model frees much of what it allocated (checkpoint reads, weights repla
 copies), and glibc's malloc keeps freed memory inside its heap for reuse: only what is free at the
 heap's top goes back on its own. ``malloc_trim`` gives back every free page, wherever it is: 70 MB of
 the AR's engine core and 49 MB of its API process at the defaults (``benchmarks/results/memory_table.json``).
+When it happens matters as much: the service's peak RSS is the sum over its processes at one moment, and
+the AR's engine core starts while the API process still holds what its own start-up freed.
 """
 
 from __future__ import annotations
@@ -26,6 +28,12 @@ def freeze_startup_heap() -> None:
     behind (so it is not frozen as garbage), freezes the rest, and gives the freed pages back."""
     gc.collect()
     gc.freeze()
+    return_free_pages()
+
+
+def collect_free_pages() -> None:
+    """Collects garbage and gives the freed pages back: before a step of start-up that allocates much."""
+    gc.collect()
     return_free_pages()
 
 

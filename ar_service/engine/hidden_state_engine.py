@@ -25,9 +25,9 @@ import torch
 from vllm.v1.engine.exceptions import EngineDeadError
 
 from ar_service.engine.connector import ROW_COUNT_KEY, ROW_QUEUE_KEY, HiddenStateConnector
-from ar_service.engine.cpu_worker_memory import RELEASE_METHOD, CpuWorkerMemory
 from ar_service.engine.row_channel import RowChannel, RowChunk, RowQueue
 from ar_service.settings import ArSettings
+from services.heap import collect_free_pages
 from services.tracing import current_traceparent, otlp_traces_endpoint
 
 if TYPE_CHECKING:
@@ -40,6 +40,8 @@ log = logging.getLogger("ardit.ar.engine")
 
 # How often a running engine is checked for death: readiness, and every request in flight, learn of it within this.
 DEATH_CHECK_SECONDS = 0.2
+# The engine's worker on CPU (vLLM's, less what serving never uses), by path: only the engine core imports it.
+CPU_WORKER_CLASS = "ar_service.engine.cpu_worker.CpuWorker"
 
 
 @dataclass(frozen=True)
@@ -101,7 +103,6 @@ class HiddenStateEngine:
         self.layer = settings.hidden_layer
         self.dtype = getattr(torch, settings.dtype)
         self._engine: AsyncLLM | None = None
-        self.released_bytes = 0  # by release_unused_memory, since the engine started
         self._channel: RowChannel | None = None
         self._socket_dir: tempfile.TemporaryDirectory[str] | None = None
 
@@ -151,7 +152,6 @@ class HiddenStateEngine:
             else None,
             # vLLM's own request spans (queue, prefill, decode times) join ardit's traces when OTLP is on.
             otlp_traces_endpoint=otlp_traces_endpoint(),
-            worker_extension_cls=f"{CpuWorkerMemory.__module__}.{CpuWorkerMemory.__qualname__}",
             **extra,
         )
         started = time.perf_counter()
@@ -165,9 +165,14 @@ class HiddenStateEngine:
             # core's own thread, as vLLM runs it at one GPU. What is given up is vLLM's pinning of the
             # model's OpenMP threads to cores (VLLM_CPU_OMP_THREADS_BIND); OMP_NUM_THREADS still applies.
             config.parallel_config.distributed_executor_backend = "uni"
+            # vLLM's CPU worker, less a copy of the vocabulary matrix serving never uses (cpu_worker).
+            config.parallel_config.worker_cls = CPU_WORKER_CLASS
         if s.kv_cache_bytes is None:  # sized in tokens once vLLM has chosen the block size
             cache = config.cache_config
             cache.kv_cache_memory_bytes = s.kv_cache_tokens(cache.block_size) * _kv_bytes_per_token(config, self.dtype)
+        # The engine core's start-up is the AR's largest (weights, KV cache): what this process's own start-up
+        # freed goes back first, so that the two do not add up in the peak.
+        collect_free_pages()
         self._engine = AsyncLLM.from_vllm_config(config, disable_log_stats=False)
         log.info(
             "engine up in %.1fs: %s, block size %d, prefix caching %s, capture %s (layer %d, final norm %s)",
@@ -179,14 +184,6 @@ class HiddenStateEngine:
             self.layer,
             s.final_norm,
         )
-
-    async def release_unused_memory(self) -> int:
-        """Frees what the started engine's worker holds and serving never uses (``cpu_worker_memory``);
-        the bytes freed."""
-        freed: int = sum(await self._running().collective_rpc(RELEASE_METHOD))
-        log.info("released %.0f MiB the engine's worker never uses", freed / 2**20)
-        self.released_bytes += freed
-        return freed
 
     def _capture_config(self) -> dict[str, Any]:
         """The engine arguments that turn capture on, and the channel the rows will arrive on."""
