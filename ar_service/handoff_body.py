@@ -16,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal
@@ -83,13 +84,13 @@ class ArTimings:
 
 
 class HandoffBody:
-    """Use as ``async with``: leaving it stops the engine runs that are still going. It is sent once:
-    an edit's pixels are let go of as their frames go out."""
+    """Use as ``async with``: entering submits the engine runs, leaving stops those still going. It is
+    sent once: an edit's pixels are let go of as their frames go out."""
 
     def __init__(
         self,
         encoder: HandoffEncoder,
-        runs: Mapping[StreamName, AsyncGenerator[EngineEvent, None]],
+        runs: Mapping[StreamName, AbstractAsyncContextManager[AsyncIterator[EngineEvent]]],
         *,
         overlap: bool,
         received_at: float,
@@ -103,10 +104,16 @@ class HandoffBody:
         # Each event with the perf_counter it came out of the engine at.
         self._events: asyncio.Queue[tuple[StreamName, EngineEvent | BaseException, float]] = asyncio.Queue()
         self._pumps: list[asyncio.Task[None]] = []
+        self._submitted = contextlib.AsyncExitStack()
 
     async def __aenter__(self) -> HandoffBody:
+        """Submits the engine runs and returns once the engine holds them: the sender's set-up (the
+        connection, the open frame) then overlaps the engine's work instead of delaying it."""
+        async with contextlib.AsyncExitStack() as submitted:
+            streams = {name: await submitted.enter_async_context(run) for name, run in self._runs.items()}
+            self._submitted = submitted.pop_all()
         self._pumps = [
-            asyncio.create_task(self._pump(name, run), name=f"pump-{name}") for name, run in self._runs.items()
+            asyncio.create_task(self._pump(name, events), name=f"pump-{name}") for name, events in streams.items()
         ]
         return self
 
@@ -116,6 +123,7 @@ class HandoffBody:
         for pump in self._pumps:
             pump.cancel()
         await asyncio.gather(*self._pumps, return_exceptions=True)
+        await self._submitted.aclose()  # aborts the engine runs still going
 
     async def __aiter__(self) -> AsyncIterator[BodyFrame]:
         encoder = self._encoder
@@ -160,18 +168,14 @@ class HandoffBody:
         # went out, are still being written (all rows at once: encoder mode), or were held.
         yield BodyFrame("close", close, EngineReport(finished, last_row_at))
 
-    async def _pump(self, name: StreamName, run: AsyncGenerator[EngineEvent, None]) -> None:
+    async def _pump(self, name: StreamName, events: AsyncIterator[EngineEvent]) -> None:
         try:
-            async for event in run:
+            async for event in events:
                 await self._events.put((name, event, time.perf_counter()))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # handed to the body, which fails the handoff with it
             await self._events.put((name, exc, time.perf_counter()))
-        finally:
-            # Leaving the run early (cancelled) closes it, which aborts its engine request.
-            with contextlib.suppress(Exception):
-                await run.aclose()
 
 
 def coalesced(events: list[tuple[StreamName, RowsEvent]], max_bytes: int) -> Iterator[tuple[StreamName, RowsEvent]]:

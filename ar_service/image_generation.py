@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, Coroutine, Mapping
+from collections.abc import AsyncIterator, Coroutine, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -163,9 +163,11 @@ class ImageGenerator:
             async with body:
                 return await dit.exchange(body, on_partial_image)
 
-    def _run(self, name: StreamName, request: EngineRequest) -> AsyncGenerator[EngineEvent, None]:
-        """The stream's engine run; a negative prompt's may be replayed from ``negative_rows``."""
-        return self.negative_rows.run(self.engine, request) if name == "uncond" else self.engine.run(request)
+    def _run(self, name: StreamName, request: EngineRequest) -> AbstractAsyncContextManager[AsyncIterator[EngineEvent]]:
+        """The stream's engine run, to submit; a negative prompt's may be replayed from ``negative_rows``."""
+        if name == "uncond":
+            return self.negative_rows.submitted(self.engine, request)
+        return self.engine.submitted(request)
 
     def _open_frame(self, request: GenerationRequest, engine_requests: Mapping[StreamName, EngineRequest]) -> OpenFrame:
         return OpenFrame(

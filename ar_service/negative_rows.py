@@ -15,9 +15,10 @@ the replay's own.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import OrderedDict
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import replace
 
 from ar_service.engine.hidden_state_engine import (
@@ -37,30 +38,39 @@ class NegativeRows:
         self._kept: OrderedDict[_Key, tuple[list[RowsEvent], FinishedEvent, int]] = OrderedDict()
         self._bytes = 0
 
-    async def run(self, engine: HiddenStateEngine, request: EngineRequest) -> AsyncGenerator[EngineEvent, None]:
-        """``engine.run(request)``'s events: replayed when this negative prompt's run was kept, else the
-        engine's, kept when the run finishes."""
+    @contextlib.asynccontextmanager
+    async def submitted(
+        self, engine: HiddenStateEngine, request: EngineRequest
+    ) -> AsyncGenerator[AsyncIterator[EngineEvent], None]:
+        """``engine.submitted(request)``: replayed, with no engine run, when this negative prompt's run was
+        kept; else the engine's, kept when the run finishes."""
         if request.max_new_tokens != 1 or request.temperature != 0.0:
             raise ValueError("only a negative prompt's encode-only run is kept")
         key = (request.cache_salt, tuple(request.prompt_token_ids))
         kept = self._kept.get(key)
         if kept is not None:
             self._kept.move_to_end(key)
-            rows, finished, _ = kept
-            for kept_rows in rows:
-                yield kept_rows
-            now = time.perf_counter()
-            yield replace(
-                finished,
-                cached_tokens=finished.prompt_tokens,
-                cache_creation_tokens=0,
-                submitted_at=now,
-                first_token_at=now,
-                finished_at=now,
-            )
+            yield self._replayed(*kept[:2])
             return
+        async with engine.submitted(request) as events:
+            yield self._keeping(key, events)
+
+    async def _replayed(self, rows: list[RowsEvent], finished: FinishedEvent) -> AsyncGenerator[EngineEvent, None]:
+        for kept_rows in rows:
+            yield kept_rows
+        now = time.perf_counter()
+        yield replace(
+            finished,
+            cached_tokens=finished.prompt_tokens,
+            cache_creation_tokens=0,
+            submitted_at=now,
+            first_token_at=now,
+            finished_at=now,
+        )
+
+    async def _keeping(self, key: _Key, events: AsyncIterator[EngineEvent]) -> AsyncGenerator[EngineEvent, None]:
         seen: list[RowsEvent] = []
-        async for event in engine.run(request):
+        async for event in events:
             if isinstance(event, RowsEvent):
                 seen.append(event)
             else:

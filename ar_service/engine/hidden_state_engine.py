@@ -4,7 +4,10 @@
 rows right after prefill (cached rows included: they are read back from prefix-cached blocks),
 then the rows of each decode step — and ends with one ``FinishedEvent`` carrying the token ids
 and vLLM's cache counts. Rows are tagged with the token id of each row, so a generated row is
-held until the token it belongs to has come out of the engine.
+held until the token it belongs to has come out of the engine. ``submitted(request)`` is the same
+in two steps, as vLLM's ``add_request`` and its output queue are: entering returns once the engine
+holds the request, and its events follow; the handoff submits first and connects to its DiT while
+the engine computes.
 
 Row count = prompt + generated - 1: the last sampled token is never fed back, so it has no row.
 """
@@ -12,14 +15,15 @@ Row count = prompt + generated - 1: the last sampled token is never fed back, so
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import tempfile
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from vllm.v1.engine.exceptions import EngineDeadError
@@ -35,6 +39,7 @@ if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.inputs import TokensPrompt
     from vllm.v1.engine.async_llm import AsyncLLM
+    from vllm.v1.engine.output_processor import RequestOutputCollector
 
 log = logging.getLogger("ardit.ar.engine")
 
@@ -248,6 +253,15 @@ class HiddenStateEngine:
 
     async def run(self, request: EngineRequest) -> AsyncGenerator[EngineEvent, None]:
         """The request's rows as they become final, then its ``FinishedEvent``; aborted if left early."""
+        async with self.submitted(request) as events:
+            async for event in events:
+                yield event
+
+    @contextlib.asynccontextmanager
+    async def submitted(self, request: EngineRequest) -> AsyncGenerator[AsyncIterator[EngineEvent], None]:
+        """``run``'s events, in two steps: entering returns once the engine holds the request, so that what
+        the caller sets up next (the handoff's connection) overlaps the engine's work; leaving aborts the
+        request if it is unfinished."""
         if self._engine is None:
             raise EngineUnavailable("the AR engine is not running")
         rows = (
@@ -256,17 +270,26 @@ class HiddenStateEngine:
             else None
         )
         run = _EngineRun(self._engine, request, capture=rows is not None)
-        task = asyncio.create_task(run.consume(), name=f"engine-{request.engine_request_id}")
         try:
-            async for event in self._merge(run, task, rows, request):
-                yield event
+            outputs = await run.submit()
+        except BaseException:
+            self._close_queue(request)
+            raise
+        task = asyncio.create_task(run.consume(outputs), name=f"engine-{request.engine_request_id}")
+        events = self._merge(run, task, rows, request)
+        try:
+            yield events
         finally:
+            await events.aclose()
             if not task.done():
                 task.cancel()
                 await self._engine.abort(request.engine_request_id)
             await asyncio.gather(task, return_exceptions=True)
-            if self._channel is not None:
-                self._channel.close_queue(request.engine_request_id)
+            self._close_queue(request)
+
+    def _close_queue(self, request: EngineRequest) -> None:
+        if self._channel is not None:
+            self._channel.close_queue(request.engine_request_id)
 
     async def _merge(
         self, run: _EngineRun, task: asyncio.Task[None], rows: RowQueue | None, request: EngineRequest
@@ -348,7 +371,8 @@ class _EngineRun:
         self.first_token_at: float | None = None
         self.finished_at = 0.0
 
-    async def consume(self) -> None:
+    async def submit(self) -> RequestOutputCollector:
+        """Adds the request to the engine; returns its outputs' queue once the engine core has it."""
         prompt: TokensPrompt = {"prompt_token_ids": self.request.prompt_token_ids}
         if self.request.cache_salt:
             prompt["cache_salt"] = self.request.cache_salt
@@ -358,9 +382,17 @@ class _EngineRun:
         trace_headers = {"traceparent": traceparent} if traceparent else None
         self.submitted_at = time.perf_counter()
         try:
-            async for output in self._engine.generate(
-                prompt, self.params, request_id=self.request.engine_request_id, trace_headers=trace_headers
-            ):
+            return await self._engine.add_request(
+                self.request.engine_request_id, prompt, self.params, trace_headers=trace_headers
+            )
+        except EngineDeadError as exc:
+            raise EngineUnavailable("the AR engine died") from exc
+
+    async def consume(self, outputs: RequestOutputCollector) -> None:
+        """Reads the request's outputs until the last, as ``AsyncLLM.generate`` does after adding it."""
+        try:
+            while self.final is None:
+                output = cast("RequestOutput", outputs.get_nowait() or await outputs.get())
                 new = output.outputs[0].token_ids if output.outputs else []
                 if new and self.first_token_at is None:
                     self.first_token_at = time.perf_counter()

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from shared.diffusion import DiffusionParams
 from shared.frames import OpenFrame, StreamName, StreamSpec
 from shared.handoff_assembler import AssembledHandoff, HandoffReceiver
 from shared.handoff_encoder import HandoffEncoder
+from tests.support.engine_runs import submitted
 
 HIDDEN = 4
 
@@ -66,10 +68,12 @@ async def run_of(ids: list[int], pieces: list[int], fail: Exception | None = Non
 
 
 Runs = dict[StreamName, AsyncGenerator[EngineEvent, None]]
+Submitting = dict[StreamName, contextlib.AbstractAsyncContextManager[AsyncIterator[EngineEvent]]]
 
 
 def body_of(runs: Runs, *, overlap: bool = True, received_at: float = 0.0) -> HandoffBody:
-    return HandoffBody(encoder("uncond" in runs), runs, overlap=overlap, received_at=received_at, pixels={})
+    submitting = {name: submitted(run) for name, run in runs.items()}
+    return HandoffBody(encoder("uncond" in runs), submitting, overlap=overlap, received_at=received_at, pixels={})
 
 
 async def collect(body: HandoffBody) -> list[BodyFrame]:
@@ -241,3 +245,48 @@ def test_with_cfg_the_timings_say_how_long_after_the_prompt_the_negative_prompts
     later = dataclasses.replace(uncond, finished_at=cond.finished_at + 0.25)
     assert ArTimings.of(0.5, {"cond": cond, "uncond": later}).negative_tail == 0.25
     assert ArTimings.of(0.5, {"cond": cond, "uncond": uncond}).negative_tail == 0.0
+
+
+def test_entering_the_body_submits_every_engine_run_before_the_first_frame_is_asked_for():
+    entered: list[StreamName] = []
+
+    @contextlib.asynccontextmanager
+    async def recorded(name: StreamName, ids: list[int]) -> AsyncGenerator[AsyncIterator[EngineEvent], None]:
+        entered.append(name)
+        yield run_of(ids, [len(ids) - 1])
+
+    async def scenario() -> list[StreamName]:
+        runs: Submitting = {"cond": recorded("cond", [5, 6, 7]), "uncond": recorded("uncond", [9, 10])}
+        async with HandoffBody(encoder(uncond=True), runs, overlap=True, received_at=0.0, pixels={}) as body:
+            submitted_on_entry = list(entered)
+            assert [frame.kind async for frame in body][-1] == "close"
+        return submitted_on_entry
+
+    assert asyncio.run(scenario()) == ["cond", "uncond"]
+
+
+def test_a_run_that_fails_to_submit_ends_the_runs_already_submitted():
+    left: list[StreamName] = []
+
+    @contextlib.asynccontextmanager
+    async def cond() -> AsyncGenerator[AsyncIterator[EngineEvent], None]:
+        try:
+            yield run_of([5, 6, 7], [2])
+        finally:
+            left.append("cond")
+
+    @contextlib.asynccontextmanager
+    async def uncond() -> AsyncGenerator[AsyncIterator[EngineEvent], None]:
+        raise RuntimeError("the AR engine is not running")
+        yield run_of([9, 10], [1])  # pragma: no cover - never submitted
+
+    async def scenario() -> None:
+        body = HandoffBody(
+            encoder(uncond=True), {"cond": cond(), "uncond": uncond()}, overlap=True, received_at=0.0, pixels={}
+        )
+        async with body:
+            pass  # pragma: no cover - entering fails
+
+    with pytest.raises(RuntimeError, match="not running"):
+        asyncio.run(scenario())
+    assert left == ["cond"]

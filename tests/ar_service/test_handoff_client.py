@@ -20,6 +20,7 @@ from shared.frames import StreamSpec
 from shared.handoff_encoder import HandoffEncoder
 from shared.result_frames import DoneFrame, encode_result
 from tests.ar_service.test_handoff_body import encoder, finished, run_of
+from tests.support.engine_runs import submitted
 from tests.support.fake_dit import fake_dit
 from tests.support.ports import free_port
 
@@ -62,7 +63,7 @@ async def exchange(body: HandoffBody, dit_reads: bool | None = None) -> float:
 
 
 def body(run: AsyncGenerator[EngineEvent, None]) -> HandoffBody:
-    return HandoffBody(encoder(), {"cond": run}, overlap=True, received_at=0.0, pixels={})
+    return HandoffBody(encoder(), {"cond": submitted(run)}, overlap=True, received_at=0.0, pixels={})
 
 
 def wide_body(rows: int, width: int) -> HandoffBody:
@@ -74,7 +75,7 @@ def wide_body(rows: int, width: int) -> HandoffBody:
         yield RowsEvent(start=0, rows=torch.zeros(rows, width), token_ids=list(range(rows)))
         yield finished(list(range(rows + 1)))
 
-    return HandoffBody(HandoffEncoder(wide), {"cond": run()}, overlap=True, received_at=0.0, pixels={})
+    return HandoffBody(HandoffEncoder(wide), {"cond": submitted(run())}, overlap=True, received_at=0.0, pixels={})
 
 
 def test_a_dit_that_stops_taking_the_body_ends_the_exchange_after_the_stall_timeout():

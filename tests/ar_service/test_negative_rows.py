@@ -4,7 +4,8 @@ only a finished run is kept."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from typing import cast
 
 import pytest
@@ -18,6 +19,7 @@ from ar_service.engine.hidden_state_engine import (
     RowsEvent,
 )
 from ar_service.negative_rows import NegativeRows
+from tests.support.engine_runs import submitted
 
 HIDDEN = 4
 
@@ -29,8 +31,11 @@ class CountingEngine:
         self.runs = 0
         self.fail = fail
 
-    async def run(self, request: EngineRequest) -> AsyncGenerator[EngineEvent, None]:
+    def submitted(self, request: EngineRequest) -> AbstractAsyncContextManager[AsyncIterator[EngineEvent]]:
         self.runs += 1
+        return submitted(self._run(request))
+
+    async def _run(self, request: EngineRequest) -> AsyncGenerator[EngineEvent, None]:
         ids = request.prompt_token_ids
         rows = torch.arange(len(ids) * HIDDEN, dtype=torch.float32).reshape(len(ids), HIDDEN) + self.runs
         yield RowsEvent(start=0, rows=rows[:-1], token_ids=ids[:-1])
@@ -55,7 +60,8 @@ def negative(ids: list[int], salt: str | None = "tenant-a") -> EngineRequest:
 
 def events(kept: NegativeRows, engine: CountingEngine, request: EngineRequest) -> list[EngineEvent]:
     async def collect() -> list[EngineEvent]:
-        return [e async for e in kept.run(cast(HiddenStateEngine, engine), request)]
+        async with kept.submitted(cast(HiddenStateEngine, engine), request) as run:
+            return [e async for e in run]
 
     return asyncio.run(collect())
 
