@@ -9,7 +9,15 @@ The names below are the in-process API: what code running beside the service in 
 (benchmarks, tools) may use. Everything else in this package is internal.
 """
 
+# ruff: noqa: E402 - the package's names are imported after gguf is marked absent, below
+import sys
+
 __version__ = "0.1.0"
+
+# diffusers imports the gguf package whenever it is installed (vLLM installs it beside the AR), for its GGUF
+# loader, and gguf imports mistral_common and OpenCV: 48 MB of the DiT's memory for a format it never reads
+# (it loads diffusers checkpoints). Marked absent before diffusers looks; vLLM imports it for GGUF models only.
+sys.modules.setdefault("gguf", None)  # type: ignore[arg-type]
 
 from dit_service.app import create_dit_app
 from dit_service.conditioning import Conditioning, ConditioningAdapters, ConditioningOptions

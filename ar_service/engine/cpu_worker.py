@@ -23,7 +23,7 @@ import torch
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from vllm.v1.worker.cpu_worker import CPUWorker
 
-from services.heap import return_free_pages
+from services.heap import collect_free_pages
 
 log = logging.getLogger("ardit.ar.cpu_worker")
 
@@ -34,7 +34,7 @@ class CpuWorker(CPUWorker):
     def load_model(self, *, load_dummy_weights: bool = False) -> None:
         super().load_model(load_dummy_weights=load_dummy_weights)
         self.released_bytes = release_embedding_copies(self.model_runner.model)
-        return_free_pages()
+        collect_free_pages()
         log.info("released %.0f MiB of packed embedding copies serving never uses", self.released_bytes / 2**20)
 
     def unused_memory_released(self) -> int:
