@@ -123,7 +123,10 @@ class HandoffBody:
         for pump in self._pumps:
             pump.cancel()
         await asyncio.gather(*self._pumps, return_exceptions=True)
-        await self._submitted.aclose()  # aborts the engine runs still going
+        # Aborts the engine runs still going. An abort that fails (the engine died) must not replace what
+        # ended the body: the engine's death is watched and answered on its own.
+        with contextlib.suppress(Exception):
+            await self._submitted.aclose()
 
     async def __aiter__(self) -> AsyncIterator[BodyFrame]:
         encoder = self._encoder
