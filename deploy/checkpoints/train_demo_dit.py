@@ -169,8 +169,9 @@ DEFAULT_NUM_INFERENCE_STEPS = 20
 DEFAULT_GUIDANCE_SCALE = 2.0
 # The fastest step cache whose judge accuracy stays within 2 points of uncached on every attribute
 # (benchmarks/results/step_cache.json: 80 renders a setting through the services): diffusers' First Block Cache at
-# threshold 0.2, denoise 1.07x (p10-p90 1.01-1.14), shape 0.975 against 0.988 uncached. It saves little on a model
-# this small; TaylorSeer every 2 steps, the default chosen on an earlier demo model, gives 1.03x (step_cache.md).
+# threshold 0.2, chosen on the model before this one (denoise 1.07x, p10-p90 1.01-1.14, shape 0.975 against 0.988
+# uncached) and the fastest again on this one at make run's defaults: 1.43x (1.28-1.59), every attribute as uncached.
+# TaylorSeer every 2 steps, the default chosen on an earlier demo model, gives 1.15x (step_cache.md).
 DEFAULT_STEP_CACHE = {"method": "first_block", "threshold": 0.2}
 
 
