@@ -149,12 +149,16 @@ def open_frame(rows: int) -> OpenFrame:
 
 
 class StandInRun:
-    """An engine run as ``HiddenStateEngine.run`` yields it: rows events in pieces, then finished."""
+    """An engine run as ``HiddenStateEngine.submitted`` gives it: rows events in pieces, then finished."""
 
     def __init__(self, rows: torch.Tensor, token_ids: list[int], pieces: list[tuple[int, int]]) -> None:
         self.rows, self.token_ids, self.pieces = rows, token_ids, pieces
         self.first_ready: float | None = None
         self.last_ready: float | None = None
+
+    @contextlib.asynccontextmanager
+    async def submitted(self) -> AsyncGenerator[AsyncIterator[EngineEvent], None]:
+        yield self.events()
 
     async def events(self) -> AsyncGenerator[EngineEvent, None]:
         n = self.rows.shape[0]
@@ -180,7 +184,7 @@ async def http_handoff(client: HandoffClient, rows: torch.Tensor, token_ids: lis
     run = StandInRun(rows, token_ids, pieces)
     n = rows.shape[0]
     encoder = HandoffEncoder(open_frame(n))
-    body = HandoffBody(encoder, {"cond": run.events()}, overlap=True, received_at=time.perf_counter(), pixels={})
+    body = HandoffBody(encoder, {"cond": run.submitted()}, overlap=True, received_at=time.perf_counter(), pixels={})
     async with body:
         reservation = await client.reserve(encoder.open.request_id)
         result = await client.exchange(encoder.open.request_id, reservation, body)
