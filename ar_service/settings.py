@@ -12,7 +12,8 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.checkpoints import AR_MODEL, default_model_dir
-from services.settings import HandoffToken, LogLevel, NonNegative, Port, Positive, Seconds
+from services.heap import RELEASE_IDLE_SECONDS
+from services.settings import HandoffToken, LogLevel, NonNegative, Port, Positive, ReleaseIdleSeconds, Seconds
 
 # Qwen-Image's own prompt template: the DiT was trained on the rows after its system prefix.
 QWEN_IMAGE_TEMPLATE = (
@@ -198,6 +199,7 @@ class ArSettings(BaseSettings):
         "uvicorn trusts, FORWARDED_ALLOW_IPS).",
     )
     log_level: LogLevel = "INFO"
+    release_memory_idle_seconds: ReleaseIdleSeconds = RELEASE_IDLE_SECONDS
 
     @property
     def model_len(self) -> int:

@@ -26,6 +26,7 @@ from services.app import create_app
 from services.auth import BearerAuth
 from services.drain import Drain
 from services.fatal import Fatal
+from services.heap import IdleRelease, return_free_pages_in_thread
 from services.metrics import new_registry
 from shared.result_frames import RESERVATION_HEADER, RESERVATIONS_PATH
 from shared.row_buffer_pool import RowBufferPool
@@ -43,7 +44,8 @@ def create_dit_app(settings: DitSettings) -> FastAPI:
     )
     state: ModelState[HandoffServices] = ModelState(settings.retry_after_seconds, _announcement, fatal)
     load = functools.partial(DitModel.load, settings.model_dir, settings.device, settings.torch_dtype_name)
-    serve = functools.partial(serve_model, settings, metrics=metrics, admission=admission, fatal=fatal)
+    idle = IdleRelease(settings.release_memory_idle_seconds, return_free_pages_in_thread)
+    serve = functools.partial(serve_model, settings, metrics=metrics, admission=admission, fatal=fatal, idle=idle)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -54,6 +56,7 @@ def create_dit_app(settings: DitSettings) -> FastAPI:
             loading.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await loading
+            await idle.aclose()
 
     # A handoff's trace context travels in its open frame (dit_service/handoff_trace.py), not in headers.
     app = create_app(

@@ -24,6 +24,7 @@ from dit_service.result_stream import ResultStream
 from dit_service.settings import DitSettings
 from dit_service.vae_codec import VaeCodec
 from services.fatal import Fatal
+from services.heap import IdleRelease
 from shared.capabilities import DitCapabilities
 
 
@@ -38,7 +39,12 @@ class HandoffServices:
 
 
 def serve_model(
-    settings: DitSettings, model: DitModel, metrics: DitMetrics, admission: AdmissionControl, fatal: Fatal
+    settings: DitSettings,
+    model: DitModel,
+    metrics: DitMetrics,
+    admission: AdmissionControl,
+    fatal: Fatal,
+    idle: IdleRelease,
 ) -> tuple[HandoffServices, Renderer]:
     """The services over ``model``, and a renderer for the warm-up."""
     vae, encoder = VaeCodec(model), ImageEncoder()
@@ -57,6 +63,7 @@ def serve_model(
         metrics,
         max_batch_size=settings.batch_max_size,
         window=settings.batch_window_ms / 1000,
+        idle=idle,
     )
     results = ResultStream(
         scheduler,

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from dit_service.metrics import DitMetrics, waiting_for
 from dit_service.render_job import EmitResult, RenderCancelled, RenderItem, RenderJob, RenderOutcome, RenderTimings
 from dit_service.renderer import Renderer
+from services.heap import IdleRelease
 
 RunOutcome = tuple[RenderTimings, float]  # the job's timings, and how long it waited for its run
 
@@ -36,6 +37,8 @@ class RenderScheduler:
     metrics: DitMetrics
     max_batch_size: int
     window: float
+    # Gives the render threads' freed activations back once no run is in flight (services.heap).
+    idle: IdleRelease
     _waiting: deque[_Waiting] = field(default_factory=deque, init=False)
     _dispatcher: asyncio.Task[None] | None = field(default=None, init=False)
     # Strong references: the event loop only keeps weak ones to tasks.
@@ -60,7 +63,7 @@ class RenderScheduler:
                 raise RenderCancelled()
             metrics.pipeline_runs_in_flight.inc()
             try:
-                (outcome,) = await asyncio.to_thread(self.renderer.render, [RenderItem(job, emit, cancel)])
+                (outcome,) = await self._render([RenderItem(job, emit, cancel)])
             finally:
                 metrics.pipeline_runs_in_flight.dec()
         if isinstance(outcome, RenderCancelled):
@@ -105,7 +108,7 @@ class RenderScheduler:
         queue_seconds = self._started([w.item.job for w in batch], [w.queued_at for w in batch])
         metrics.pipeline_runs_in_flight.inc(len(batch))
         try:
-            results: list[RenderOutcome] = await asyncio.to_thread(self.renderer.render, [w.item for w in batch])
+            results = await self._render([w.item for w in batch])
         except BaseException as exc:  # every job of the run failed with it
             for waiting in batch:
                 if not waiting.outcome.done():
@@ -121,6 +124,10 @@ class RenderScheduler:
         finally:
             metrics.pipeline_runs_in_flight.dec(len(batch))
             self.run_slots.release()
+
+    async def _render(self, items: list[RenderItem]) -> list[RenderOutcome]:
+        async with self.idle.in_flight():
+            return await asyncio.to_thread(self.renderer.render, items)
 
     def _started(self, jobs: list[RenderJob], queued_at: float | list[float]) -> list[float]:
         """Record that these jobs' run starts now; their queue waits, in seconds."""

@@ -9,7 +9,8 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.checkpoints import DIT_MODEL, default_model_dir
-from services.settings import HandoffToken, LogLevel, NonNegative, Port, Positive, Seconds
+from services.heap import RELEASE_IDLE_SECONDS
+from services.settings import HandoffToken, LogLevel, NonNegative, Port, Positive, ReleaseIdleSeconds, Seconds
 from shared.diffusion import MAX_IMAGES, Size
 from shared.frame_codec import FrameLimits
 from shared.handoff_assembler import AssemblyCaps
@@ -48,6 +49,7 @@ class DitSettings(BaseSettings):
     )
     handoff_token: HandoffToken = None
     log_level: LogLevel = "INFO"
+    release_memory_idle_seconds: ReleaseIdleSeconds = RELEASE_IDLE_SECONDS
 
     # --- admission -----------------------------------------------------------------------------
     max_concurrent_handoffs: Positive = Field(

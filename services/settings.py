@@ -23,3 +23,7 @@ HandoffToken = Annotated[
     ),
 ]
 LogLevel = Annotated[str, Field(description="Root log level.")]
+ReleaseIdleSeconds = Annotated[
+    float,
+    Field(ge=0, description="Seconds with nothing in flight before free memory goes back to the system (0: never)."),
+]

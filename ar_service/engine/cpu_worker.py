@@ -23,7 +23,7 @@ import torch
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from vllm.v1.worker.cpu_worker import CPUWorker
 
-from services.heap import collect_free_pages
+from services.heap import collect_free_pages, return_free_pages
 
 log = logging.getLogger("ardit.ar.cpu_worker")
 
@@ -40,6 +40,11 @@ class CpuWorker(CPUWorker):
     def unused_memory_released(self) -> int:
         """The bytes of packed copies ``load_model`` freed (called by ``collective_rpc``)."""
         return self.released_bytes
+
+    def return_free_pages(self) -> int:
+        """What the steps since the last call freed, back to the system; the bytes (called by
+        ``collective_rpc`` once the AR has been idle: ``services.heap.IdleRelease``)."""
+        return return_free_pages()
 
 
 def release_embedding_copies(model: torch.nn.Module) -> int:

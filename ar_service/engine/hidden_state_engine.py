@@ -31,7 +31,7 @@ from vllm.v1.engine.exceptions import EngineDeadError
 from ar_service.engine.connector import ROW_COUNT_KEY, ROW_QUEUE_KEY, HiddenStateConnector
 from ar_service.engine.row_channel import RowChannel, RowChunk, RowQueue
 from ar_service.settings import ArSettings
-from services.heap import collect_free_pages
+from services.heap import IdleRelease, collect_free_pages, return_free_pages_in_thread
 from services.tracing import current_traceparent, otlp_traces_endpoint
 
 if TYPE_CHECKING:
@@ -110,6 +110,8 @@ class HiddenStateEngine:
         self._engine: AsyncLLM | None = None
         self._channel: RowChannel | None = None
         self._socket_dir: tempfile.TemporaryDirectory[str] | None = None
+        self._core_returns_pages = False
+        self.idle_release = IdleRelease(settings.release_memory_idle_seconds, self._return_free_pages)
 
     @property
     def block_size(self) -> int:
@@ -172,6 +174,7 @@ class HiddenStateEngine:
             config.parallel_config.distributed_executor_backend = "uni"
             # vLLM's CPU worker, less a copy of the vocabulary matrix serving never uses (cpu_worker).
             config.parallel_config.worker_cls = CPU_WORKER_CLASS
+            self._core_returns_pages = True
         if s.kv_cache_bytes is None:  # sized in tokens once vLLM has chosen the block size
             cache = config.cache_config
             cache.kv_cache_memory_bytes = s.kv_cache_tokens(cache.block_size) * _kv_bytes_per_token(config, self.dtype)
@@ -216,6 +219,7 @@ class HiddenStateEngine:
         """Stop the engine from the event loop it runs on. vLLM's own shutdown stops the engine process
         first and its output loop after, which then logs the process's end as an error with a
         traceback: the loop is stopped here first, so a normal stop prints none."""
+        await self.idle_release.aclose()
         handler = getattr(self._engine, "output_handler", None)
         if handler is not None:
             handler.cancel()
@@ -269,23 +273,32 @@ class HiddenStateEngine:
             if self._channel is not None
             else None
         )
-        run = _EngineRun(self._engine, request, capture=rows is not None)
-        try:
-            outputs = await run.submit()
-        except BaseException:
-            self._close_queue(request)
-            raise
-        task = asyncio.create_task(run.consume(outputs), name=f"engine-{request.engine_request_id}")
-        events = self._merge(run, task, rows, request)
-        try:
-            yield events
-        finally:
-            await events.aclose()
-            if not task.done():
-                task.cancel()
-                await self._engine.abort(request.engine_request_id)
-            await asyncio.gather(task, return_exceptions=True)
-            self._close_queue(request)
+        async with self.idle_release.in_flight():
+            run = _EngineRun(self._engine, request, capture=rows is not None)
+            try:
+                outputs = await run.submit()
+            except BaseException:
+                self._close_queue(request)
+                raise
+            task = asyncio.create_task(run.consume(outputs), name=f"engine-{request.engine_request_id}")
+            events = self._merge(run, task, rows, request)
+            try:
+                yield events
+            finally:
+                await events.aclose()
+                if not task.done():
+                    task.cancel()
+                    await self._engine.abort(request.engine_request_id)
+                await asyncio.gather(task, return_exceptions=True)
+                self._close_queue(request)
+
+    async def _return_free_pages(self) -> int:
+        """What serving freed back to the system, once idle (``services.heap``): the engine core's
+        activations, and this process's row buffers and responses; the bytes that went back."""
+        returned = await return_free_pages_in_thread()
+        if self._core_returns_pages and self._engine is not None:
+            returned += sum(await self._engine.collective_rpc("return_free_pages"))
+        return returned
 
     def _close_queue(self, request: EngineRequest) -> None:
         if self._channel is not None:

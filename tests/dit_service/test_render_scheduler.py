@@ -17,6 +17,7 @@ from dit_service.metrics import DitMetrics
 from dit_service.render_job import RenderCancelled, RenderJob, RenderTimings
 from dit_service.render_scheduler import RenderScheduler
 from dit_service.renderer import Renderer
+from services.heap import IdleRelease, return_free_pages_in_thread
 from tests.dit_service.handoff_requests import params
 
 COND = Conditioning(torch.zeros(1, 1, 4), torch.ones(1, 1, dtype=torch.long))
@@ -51,6 +52,7 @@ def schedule(jobs: list[RenderJob], max_batch: int, cancelled: Iterable[str] = f
             metrics,
             max_batch_size=max_batch,
             window=0.02,
+            idle=IdleRelease(0, return_free_pages_in_thread),
         )
         cancels = {j.request_id: threading.Event() for j in jobs}
         for name in cancelled:
@@ -93,3 +95,35 @@ def test_queue_waits_are_measured(max_batch):
     _, results, metrics = schedule([job("a"), job("b")], max_batch=max_batch)
     assert all(seconds >= 0 for _, seconds in results)
     assert metrics.queue_wait_seconds._sum.get() >= 0
+
+
+@pytest.mark.parametrize("max_batch", [1, 8])
+def test_free_memory_goes_back_once_no_run_is_in_flight_never_during_one(max_batch):
+    recorder = Recorder()
+    released_while_rendering: list[int] = []
+
+    async def release() -> int:
+        released_while_rendering.append(len(recorder.runs) - finished[0])
+        return 0
+
+    finished = [0]
+
+    async def scenario() -> IdleRelease:
+        idle = IdleRelease(0.02, release)
+        scheduler = RenderScheduler(
+            cast(Renderer, recorder),
+            asyncio.Semaphore(1),
+            DitMetrics(CollectorRegistry()),
+            max_batch_size=max_batch,
+            window=0.0,
+            idle=idle,
+        )
+        for name in ("a", "b"):
+            await scheduler.run(job(name), lambda frame: None, threading.Event())
+            finished[0] += 1
+        await asyncio.sleep(0.2)
+        await idle.aclose()
+        return idle
+
+    idle = asyncio.run(scenario())
+    assert idle.releases == 1 and released_while_rendering == [0]

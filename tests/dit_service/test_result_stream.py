@@ -22,6 +22,7 @@ from dit_service.render_scheduler import RenderScheduler
 from dit_service.result_stream import ResultStream
 from services.errors import ApiError
 from services.fatal import Fatal
+from services.heap import IdleRelease, return_free_pages_in_thread
 from shared.diffusion import OutputFormat
 from shared.result_frames import RESULT_MEDIA_TYPE, ImageFrame, PartialImageFrame, ResultFrame, ResultReader
 from tests.dit_service.handoff_requests import (
@@ -62,7 +63,14 @@ def result_stream(
 ) -> ResultStream:
     metrics = metrics or DitMetrics(CollectorRegistry())
     # Batching off: the scheduler hands each job to ``runner`` alone.
-    scheduler = RenderScheduler(runner, admission.run_slots, metrics, max_batch_size=1, window=0.0)
+    scheduler = RenderScheduler(
+        runner,
+        admission.run_slots,
+        metrics,
+        max_batch_size=1,
+        window=0.0,
+        idle=IdleRelease(0, return_free_pages_in_thread),
+    )
     return ResultStream(
         scheduler,
         metrics,

@@ -1,7 +1,10 @@
 """On CPU the engine's worker keeps one packed matmul copy of the vocabulary matrix, the LM head's: the
-input embedding's, which only looks rows up, is released as soon as the model is loaded."""
+input embedding's, which only looks rows up, is released as soon as the model is loaded; what serving frees
+goes back to the system once the AR is idle."""
 
 from __future__ import annotations
+
+import time
 
 import pytest
 from vllm.utils.import_utils import resolve_obj_by_qualname
@@ -31,3 +34,15 @@ def test_the_engines_worker_released_the_input_embeddings_copy_the_size_of_the_v
 def test_the_lm_head_still_computes_tokens(stack):
     run = stack.ar.call(run_engine(stack.runtime.engine, token_prompt(40, 5), max_new_tokens=8))
     assert len(run.finished.generated_token_ids) == 8
+
+
+@pytest.mark.slow
+def test_once_the_ar_is_idle_its_engine_core_gives_back_what_serving_freed(stack):
+    engine = stack.runtime.engine
+    releases = engine.idle_release.releases
+    stack.ar.call(run_engine(engine, token_prompt(600, 6), max_new_tokens=4))
+    deadline = time.monotonic() + 10 * engine.idle_release.delay
+    while engine.idle_release.releases == releases and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert engine.idle_release.releases > releases
+    assert stack.ar.call(engine.vllm.collective_rpc("return_free_pages"))[0] >= 0
