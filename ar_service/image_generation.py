@@ -128,7 +128,11 @@ class ImageGenerator:
         ) as span:
             self.metrics.handoffs_in_flight.inc()
             try:
-                result = await _unless_dead(self.engine, self._handoff(request, engine_requests, on_partial_image))
+                # In flight until the DiT's images are back, not only while the engine runs: a render longer than
+                # the idle delay would otherwise have the engine core give its pages back in every request.
+                async with self.engine.idle_release.in_flight():
+                    handoff = self._handoff(request, engine_requests, on_partial_image)
+                    result = await _unless_dead(self.engine, handoff)
             except (HandoffFailed, RowQueueOverflow) as exc:
                 reason = exc.reason if isinstance(exc, HandoffFailed) else ROW_BUFFER_OVERFLOW
                 log.warning("handoff failed (%s): %s", reason, exc)

@@ -90,8 +90,8 @@ class IdleRelease:
         self.returned_bytes = 0
         self._release = release
         self._in_flight = 0
-        self._waiting: asyncio.Task[None] | None = None
-        self._releasing: set[asyncio.Task[None]] = set()
+        self._waiting: asyncio.Task[None] | None = None  # sleeping out the delay: work that starts cancels it
+        self._tasks: set[asyncio.Task[None]] = set()  # strong references: the loop keeps only weak ones
 
     @contextlib.asynccontextmanager
     async def in_flight(self) -> AsyncIterator[None]:
@@ -105,21 +105,18 @@ class IdleRelease:
             self._in_flight -= 1
             if self._in_flight == 0 and self.delay > 0:
                 self._waiting = asyncio.create_task(self._release_after(self.delay), name="idle-release")
+                self._tasks.add(self._waiting)
+                self._waiting.add_done_callback(self._tasks.discard)
 
     async def aclose(self) -> None:
         if self._waiting is not None:
             self._waiting.cancel()
-        await asyncio.gather(*self._releasing, *[self._waiting] if self._waiting else [], return_exceptions=True)
-        self._waiting = None
+            self._waiting = None
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def _release_after(self, delay: float) -> None:
         await asyncio.sleep(delay)
         self._waiting = None
-        releasing = asyncio.create_task(self._released(), name="idle-release-run")
-        self._releasing.add(releasing)
-        releasing.add_done_callback(self._releasing.discard)
-
-    async def _released(self) -> None:
         try:
             returned = await self._release()
         except Exception:  # a process that cannot give pages back keeps them; serving goes on
