@@ -8,9 +8,14 @@ that holds the AR's model are listed one by one (its heap holds the weights, an 
 KV cache), so a change in one of them shows: vLLM's engine core (runs before 2026-12-04 had a vLLM
 worker process for the model). The peak of the tree's summed RSS is sampled every 0.25 s from launch, as
 ``peer_compare.py`` does, and reported for start-up and serving apart (labels before
-``released_once_ready_run1`` sampled serving only).
+``released_once_ready_run1`` sampled serving only). Each process's RSS is also split into anonymous
+pages (its own: heap, weights read into memory, KV cache) and file pages (shared libraries, and
+weights a process maps from their file instead of reading them), from ``/proc/PID/status``.
 
-    python benchmarks/memory_table.py --label sized_kv [--requests 24] [--concurrency 8]
+``--peer`` measures ``peer_server.py`` (what ``peer_compare.py`` compares against) the same way.
+
+    python benchmarks/memory_table.py --label sized_kv [--requests 24] [--concurrency 8] [--size 64x64]
+        [--steps 20] [--peer]
     ARDIT_AR_KV_CACHE_BYTES=536870912 ARDIT_AR_MAX_MODEL_LEN=8192 python benchmarks/memory_table.py --label fixed_kv
 
 Each run is added under its label to ``--out`` (benchmarks/results/memory_table.json).
@@ -43,6 +48,7 @@ def role(process: psutil.Process) -> str:
         ("-m dit_service", "DiT (pipeline, weights, renders)"),
         ("services.launcher", "launcher"),
         ("resource_tracker", "multiprocessing resource tracker"),
+        ("peer_server.py", "peer (LLM and DiT in one process)"),
     ):
         if marker in command:
             return name
@@ -64,9 +70,15 @@ def largest_mappings(pid: int) -> list[dict]:
     return mappings[:MAPPINGS_LISTED]
 
 
-def serve(url: str, requests: int, concurrency: int) -> float:
+def rss_parts(pid: int) -> dict[str, int]:
+    """The process's resident memory split: anonymous pages and file pages, in MB."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return {f"rss_{kind}_mb": int(fields[f"Rss{kind.title()}"].split()[0]) // 1024 for kind in ("anon", "file")}
+
+
+def serve(url: str, requests: int, concurrency: int, extra: dict[str, object]) -> float:
     def one(index: int) -> None:
-        body = {"prompt": f"a red circle number {index} in the top left", "seed": index}
+        body = {"prompt": f"a red circle number {index} in the top left", "seed": index, **extra}
         response = httpx.post(f"{url}/v1/images/generations", json=body, timeout=600)
         response.raise_for_status()
 
@@ -82,12 +94,21 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=24)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--out", type=Path, default=paired.RESULTS / "memory_table.json")
+    parser.add_argument("--peer", action="store_true", help="measure peer_server.py instead of ardit")
+    parser.add_argument("--size", help="each request's size (default: the server's)")
+    parser.add_argument("--steps", type=int, help="each request's num_inference_steps (default: the server's)")
     args = parser.parse_args()
 
-    ar_port, dit_port = paired.free_port(), paired.free_port()
-    env = os.environ | {"ARDIT_AR_PORT": str(ar_port), "ARDIT_DIT_PORT": str(dit_port), "ARDIT_AR_LOG_LEVEL": "WARNING"}
-    launcher = paired.child([sys.executable, "-m", "services.launcher"], env=env, cwd=paired.REPO)
-    root, url = psutil.Process(launcher.pid), f"http://127.0.0.1:{ar_port}"
+    port = paired.free_port()
+    if args.peer:
+        command = [sys.executable, str(Path(__file__).with_name("peer_server.py")), "--port", str(port)]
+        env = dict(os.environ)
+    else:
+        command = [sys.executable, "-m", "services.launcher"]
+        env = os.environ | {"ARDIT_AR_PORT": str(port), "ARDIT_DIT_PORT": str(paired.free_port())}
+        env |= {"ARDIT_AR_LOG_LEVEL": "WARNING"}
+    launcher = paired.child(command, env=env, cwd=paired.REPO)
+    root, url = psutil.Process(launcher.pid), f"http://127.0.0.1:{port}"
     # The peak while starting and the peak while serving, apart: start-up's can be the larger.
     peaks, phase, done = {"starting": 0, "serving": 0}, "starting", threading.Event()
 
@@ -103,7 +124,9 @@ def main() -> None:
     try:
         paired.wait_ready(url, launcher)
         phase = "serving"
-        seconds = serve(url, args.requests, args.concurrency)
+        extra = {"size": args.size} if args.size else {}
+        extra |= {"num_inference_steps": args.steps} if args.steps else {}
+        seconds = serve(url, args.requests, args.concurrency, extra)
         processes = []
         for process in [root, *root.children(recursive=True)]:
             memory = process.memory_full_info()
@@ -112,9 +135,10 @@ def main() -> None:
                 "rss_mb": round(memory.rss / 2**20),
                 "pss_mb": round(memory.pss / 2**20),
                 "uss_mb": round(memory.uss / 2**20),
+                **rss_parts(process.pid),
                 "threads": process.num_threads(),
             }
-            if "KV cache" in row["process"]:
+            if "KV cache" in row["process"] or args.peer:
                 row["largest_mappings"] = largest_mappings(process.pid)
             processes.append(row)
     finally:
@@ -129,7 +153,7 @@ def main() -> None:
         "command": " ".join([*(f"{k}={v}" for k, v in settings.items()), "python", *sys.argv]),
         "machine": paired.machine(),
         "load": paired.load(),
-        "served": {"requests": args.requests, "concurrency": args.concurrency, "seconds": round(seconds, 1)},
+        "served": {"requests": args.requests, "concurrency": args.concurrency, **extra, "seconds": round(seconds, 1)},
         "peak_tree_rss_mb": round(max(peaks.values()) / 2**20),
         "peak_tree_rss_mb_starting": round(peaks["starting"] / 2**20),
         "peak_tree_rss_mb_serving": round(peaks["serving"] / 2**20),
