@@ -20,7 +20,7 @@ large block freed (up to 32 MB), so blocks of a few MB come from the heap after 
 there, scattered: over ``benchmarks/peer_compare.py``'s traffic the AR's engine core kept 73 MB more
 and the DiT 55 MB. ``IdleRelease`` gives them back once a service has had nothing to do for a second.
 Not after every request: the next one would fault its pages in again (a fixed mmap threshold, which
-maps and unmaps every such block each time, cost 8-15% of the images per minute).
+maps and unmaps every such block each time, cost 5-15% of the images per minute).
 """
 
 from __future__ import annotations
@@ -57,8 +57,8 @@ def collect_free_pages() -> None:
 
 def return_free_pages() -> int:
     """glibc's ``malloc_trim(0)``: every whole free page of malloc's heaps back to the system (a C library
-    without it keeps them). The bytes of resident memory that went back (other threads may allocate
-    meanwhile: a lower bound)."""
+    without it keeps them). The bytes of resident memory that went back (approximate: other threads
+    allocate and free meanwhile)."""
     libc = ctypes.CDLL(ctypes.util.find_library("c"))
     if not hasattr(libc, "malloc_trim"):
         return 0

@@ -69,7 +69,8 @@ MARKER = ".complete"
 MARKER_VERSION = 2  # bump if the conversion recipe changes (2: sharded weights)
 # vLLM reads a safetensors file through a memory map it keeps until the file's last tensor is loaded: with one
 # 517 MB file, the whole checkpoint was resident in the AR's engine core beside the weights it had copied out,
-# and that moment was the pair's start-up peak (+190 MB over serving). Shards bound it to one shard.
+# and that moment was the pair's start-up peak (the engine core 150 MB above what it serves at). Shards bound it
+# to one shard.
 SHARD_BYTES = 64 * 10**6
 
 # Official SmolLM2-Instruct chat template (HuggingFaceTB/SmolLM2-135M-Instruct,
