@@ -81,8 +81,8 @@ class IdleRelease:
     """Runs ``release`` once nothing has been ``in_flight`` for ``delay`` seconds (never if ``delay`` is
     0): once per idle spell. Work that starts during the wait cancels it; a release already under
     way finishes (it is quick, and cancelling the AR's call into its engine core would strand it).
-    The owner's ``release`` gives back its process's free pages (for the AR, its engine core's too) and
-    says how many bytes went back."""
+    The owner's ``release`` gives back free pages (the DiT its own, the AR its engine core's) and says how
+    many bytes went back."""
 
     def __init__(self, delay: float, release: Callable[[], Awaitable[int]]) -> None:
         self.delay = delay
