@@ -107,12 +107,14 @@ class RequestAdmission:
         """A slot among ``capacity`` now, or a place in line; ``Overloaded`` (429) at once when the line
         is full or the wait would be longer than ``max_wait``."""
         self._capacity = capacity
-        self._start_waiting()  # the DiTs may have announced more room since the last request
-        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self._waiting and self._running < capacity:
+            self._start_waiting()  # the DiTs announced more room since the last request
         if self._running < capacity and not self._waiting:
             self._start()
-            turn.set_result(None)
-            return AdmissionPlace(self, turn)
+            started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            started.set_result(None)
+            return AdmissionPlace(self, started)
+        # A refusal is decided before anything is made for it: in a burst, most arrivals end here.
         ahead = len(self._waiting)
         if ahead >= self._max_queued:
             raise self._refuse(f"the queue is full ({self._max_queued} requests wait)", ahead)
@@ -121,6 +123,7 @@ class RequestAdmission:
             raise self._refuse("the pace of this service is not measured yet; one round may wait", ahead)
         if wait is not None and wait > self._max_wait:
             raise self._refuse(f"the wait would be about {wait:.0f} s, over {self._max_wait:g} s", ahead)
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiting.append(turn)
         self._metrics.requests_queued.set(len(self._waiting))
         return AdmissionPlace(self, turn)

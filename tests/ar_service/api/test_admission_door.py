@@ -22,7 +22,13 @@ from prometheus_client import CollectorRegistry
 from starlette.types import Message, Receive, Scope, Send
 
 from ar_service.admission import AdmissionPlace, RequestAdmission
-from ar_service.api.admission_door import REFUSAL_LOG_SECONDS, AdmissionDoor, take_place
+from ar_service.api.admission_door import (
+    BURST_HOLD_SECONDS,
+    BURST_QUIET_SECONDS,
+    REFUSAL_LOG_SECONDS,
+    AdmissionDoor,
+    take_place,
+)
 from ar_service.dit_pool import DitPool
 from ar_service.metrics import ArMetrics
 from ar_service.readiness import ArReadiness
@@ -302,17 +308,19 @@ def test_admitted_requests_go_on_to_their_work_one_per_loop_pass_so_a_refusal_wa
             events.append("work")
             take_place(Request(scope))  # kept: the line stays as full as it was
 
-        def arrive() -> Scope | None:
+        def arrive() -> tuple[int, Scope] | None:
             scope: Scope = {"type": "http", "method": "POST", "path": IMAGES, "headers": [], "state": {}}
             entered = door.enter(scope)
             if isinstance(entered, ApiError):
                 events.append(entered.status)  # written at once, where the door reads it
                 return None
             scope["state"]["admission_place"] = entered
-            return scope
+            return door.arrivals, scope
 
-        scopes = [scope for scope in (arrive() for _ in range(4)) if scope is not None]
-        admitted = [asyncio.create_task(door.go_on(work, scope, disconnected, ignored)) for scope in scopes]
+        arrived = [scope for scope in (arrive() for _ in range(4)) if scope is not None]
+        admitted = [
+            asyncio.create_task(door.go_on(work, arrival, scope, disconnected, ignored)) for arrival, scope in arrived
+        ]
         await asyncio.sleep(0)
         await asyncio.sleep(0)
         for _ in range(3):
@@ -324,6 +332,75 @@ def test_admitted_requests_go_on_to_their_work_one_per_loop_pass_so_a_refusal_wa
     assert events[: events.index(429)].count("work") <= 1
     assert events.count(429) == 3 and events[-1] != 429
     assert events.count("work") == 4
+
+
+async def door_in_a_burst(arriving_seconds: float, gap_passes: int = 1) -> tuple[list[tuple[str, float]], float, float]:
+    """One admitted request, then arrivals for ``arriving_seconds``, one every ``gap_passes`` loop passes (each
+    refused: the line is full). What happened, with when (``work``, ``refused``), the first arrival's and the
+    last one's times."""
+    readiness = await ready_pair()
+    admission = RequestAdmission(max_queued=0, max_wait=60.0, metrics=ArMetrics(CollectorRegistry()))
+    for _ in range(DIT.capacity.max_outstanding - 1):
+        admission.enter(DIT.capacity.max_outstanding)  # one slot free, no line
+    door = AdmissionDoor(
+        admission=admission,
+        readiness=readiness,
+        paths=[IMAGES],
+        auth=BearerAuth([], what="API key", missing_code="missing_api_key", invalid_code="invalid_api_key"),
+        drain=Drain(60.0),
+        metrics=AppMetrics(CollectorRegistry(), "ar"),
+        internal_port=None,
+    )
+    events: list[tuple[str, float]] = []
+
+    async def work(scope: Scope, receive: Receive, send: Send) -> None:
+        events.append(("work", time.monotonic()))
+        take_place(Request(scope))  # kept: the pair stays full
+
+    def arrive() -> AdmissionPlace | ApiError | None:
+        return door.enter({"type": "http", "method": "POST", "path": IMAGES, "headers": [], "state": {}})
+
+    place = arrive()
+    assert isinstance(place, AdmissionPlace)
+    first = time.monotonic()
+    scope: Scope = {
+        "type": "http",
+        "method": "POST",
+        "path": IMAGES,
+        "headers": [],
+        "state": {"admission_place": place},
+    }
+    admitted = asyncio.create_task(door.go_on(work, door.arrivals, scope, disconnected, ignored))
+    last = first
+    while time.monotonic() - first < arriving_seconds:
+        for _ in range(gap_passes):
+            await asyncio.sleep(0)
+        assert isinstance(arrive(), ApiError)
+        last = time.monotonic()
+        events.append(("refused", last))
+    await admitted
+    return events, first, last
+
+
+def test_an_admitted_request_nobody_came_after_goes_on_at_once():
+    events, first, _ = asyncio.run(door_in_a_burst(arriving_seconds=0.0))
+    assert [what for what, _ in events] == ["work"]
+    assert events[0][1] - first < BURST_QUIET_SECONDS
+
+
+def test_the_work_a_burst_admits_waits_until_the_burst_is_answered():
+    """Arrivals every loop pass for 5 ms, within one hold: the admitted request's work starts after the
+    last of them, once the door has been quiet."""
+    events, _, last = asyncio.run(door_in_a_burst(arriving_seconds=0.005))
+    assert [what for what, _ in events][-1] == "work"
+    assert events[-1][1] - last >= BURST_QUIET_SECONDS
+
+
+def test_a_flood_that_never_pauses_holds_admitted_work_back_at_most_one_hold():
+    events, first, last = asyncio.run(door_in_a_burst(arriving_seconds=20 * BURST_HOLD_SECONDS))
+    worked = next(when for what, when in events if what == "work")
+    assert worked < last  # it did not wait for the flood to end
+    assert worked - first < 10 * BURST_HOLD_SECONDS
 
 
 def test_a_place_the_app_did_not_take_is_given_back_when_the_request_ends():
