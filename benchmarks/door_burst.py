@@ -10,7 +10,11 @@ repetition sends ``--burst`` requests at once to each (rotating order) with the 
 ``tests/e2e/test_load.py`` uses, and records each refusal's latency (request written → status line
 read) and the server's CPU time per refusal; ratios are protocol / asgi per repetition.
 
-    python benchmarks/door_burst.py [--burst 522] [--reps 10]
+``--versus DIR`` adds a third server in the same rotation: the door of another checkout of this repository
+(its own ``benchmarks/door_burst.py --serve protocol``, a ``git worktree`` of an older commit, say), and
+the ratios protocol / versus.
+
+    python benchmarks/door_burst.py [--burst 522] [--reps 10] [--versus DIR]
 """
 
 from __future__ import annotations
@@ -108,11 +112,18 @@ def burst(url: str, count: int) -> list[tuple[int, float]]:
     return asyncio.run(burst_at_once(url, [request(seed, "64x64", steps=2) for seed in range(count)]))
 
 
+def _commit(checkout: Path) -> str:
+    return subprocess.run(
+        ["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--burst", type=int, default=522, help="refusals per burst (test_load's at 783 sent)")
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--versus", type=Path, help="another checkout whose door is measured beside this one's")
     parser.add_argument("--serve", choices=SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -123,22 +134,26 @@ def main() -> None:
     import psutil
 
     load_before = paired.load()
-    ports = {side: paired.free_port() for side in SIDES}
+    scripts = {side: (Path(__file__), side) for side in SIDES}
+    if args.versus is not None:
+        scripts["versus"] = (args.versus / "benchmarks" / "door_burst.py", "protocol")
+    sides = tuple(scripts)
+    ports = {side: paired.free_port() for side in sides}
     servers = {
         side: paired.child(
-            [sys.executable, __file__, "--serve", side, "--port", str(ports[side])],
+            [sys.executable, str(script), "--serve", serves, "--port", str(ports[side])],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        for side in SIDES
+        for side, (script, serves) in scripts.items()
     }
     try:
-        for side in SIDES:
+        for side in sides:
             paired.wait_ready(f"http://127.0.0.1:{ports[side]}", servers[side], seconds=120)
         rows: list[dict] = []
         for rep in range(args.reps):
             row: dict = {}
-            for side in SIDES[rep % 2 :] + SIDES[: rep % 2]:
+            for side in sides[rep % len(sides) :] + sides[: rep % len(sides)]:
                 process = psutil.Process(servers[side].pid)
                 cpu_before = paired.tree_cpu_seconds(process)
                 answers = burst(f"http://127.0.0.1:{ports[side]}", args.burst)
@@ -159,9 +174,10 @@ def main() -> None:
             process.terminate()
             process.wait(30)
 
-    def ratio(field: str) -> dict[str, float]:
-        return paired.spread([row["protocol"][field] / row["asgi"][field] for row in rows])
+    def ratio(field: str, over: str) -> dict[str, float]:
+        return paired.spread([row["protocol"][field] / row[over][field] for row in rows])
 
+    fields = list(rows[0]["protocol"])
     result = {
         "command": "python benchmarks/door_burst.py " + " ".join(sys.argv[1:]),
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -169,16 +185,17 @@ def main() -> None:
         "load_before": load_before,
         "load_after": paired.load(),
         "burst": args.burst,
+        "versus": None if args.versus is None else {"checkout": str(args.versus), "commit": _commit(args.versus)},
         "reps": rows,
         "summary": {
-            side: {field: paired.spread([row[side][field] for row in rows]) for field in rows[0][side]}
-            for side in SIDES
+            side: {field: paired.spread([row[side][field] for row in rows]) for field in fields} for side in sides
         },
-        "ratio_protocol_over_asgi": {field: ratio(field) for field in rows[0]["protocol"]},
+        **{f"ratio_protocol_over_{over}": {field: ratio(field, over) for field in fields} for over in sides[1:]},
     }
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result["summary"], indent=1))
-    print(json.dumps(result["ratio_protocol_over_asgi"], indent=1))
+    for over in sides[1:]:
+        print(over, json.dumps(result[f"ratio_protocol_over_{over}"], indent=1))
     print(f"wrote {args.out}")
 
 
