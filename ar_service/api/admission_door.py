@@ -8,9 +8,10 @@ uvicorn picks the app for its own ``limit_concurrency`` 503s: the request's meth
 are parsed and its ASGI task is about to start. A request the line has no room for is
 answered 429 there, with ``Retry-After`` and a request id, written straight to its connection: no
 task, span, routing, body parsing, validation or tokenizing, so a burst of hundreds is answered
-within one pass over it. On a 2-core host a burst of 522 refusals takes 153 µs of the server's CPU
-per refusal (accepting and closing the connection included) against 211 µs for the same answer from
-the app's outermost ASGI layer, where the door was before; its slowest refusal 47 ms against 69 ms
+within one pass over it. The work of the requests a burst admits waits until the burst is read
+(``BURST_QUIET_SECONDS``). On a 2-core host, on a day it ran at half its usual speed, the slowest
+refusal of a burst of 522 came after 76 ms, against 130 ms for the same answer from the app's
+outermost ASGI layer and 101 ms for this door before its refusals were made cheaper
 (``benchmarks/door_burst.py``). The connection is kept or closed as uvicorn would for the same
 answer (``refuse`` says where it differs); a body that follows is read and dropped.
 
@@ -59,7 +60,7 @@ _PLACE = "admission_place"
 # How often a stream of refusals is logged (one line for all of them).
 REFUSAL_LOG_SECONDS = 1.0
 # A burst is answered before the work it admits. An admitted request's work (parsing, validation,
-# tokenizing: about half a millisecond on a 2-core host, three times a refusal) waits until no image
+# tokenizing: about half a millisecond on a 2-core host, four times a refusal) waits until no image
 # request has reached the door for BURST_QUIET_SECONDS, and BURST_HOLD_SECONDS at most, so a flood that
 # never pauses still lets admitted work through, one request per hold.
 BURST_QUIET_SECONDS = 0.001
@@ -242,8 +243,8 @@ def _encoded(
     status: int, message: str, type: str, param: str | None, code: str | None, headers: tuple[tuple[str, str], ...]
 ) -> tuple[bytes, bytes]:
     """A refusal's own header lines (its type, length and ``headers``) and its JSON body. A burst's refusals
-    say one of a few things (the wait, the queue's length, when to retry), so each is encoded once: encoding
-    them was a third of the door's time in each refusal."""
+    say one of a few things (the wait, the queue's length, when to retry), so each is encoded once: the body's
+    ``json.dumps`` alone was a quarter of the door's own time in a refusal."""
     body = json.dumps(
         ApiError(status, message, param=param, code=code, type=type).body(), ensure_ascii=False, separators=(",", ":")
     ).encode()
