@@ -8,6 +8,8 @@ STAMP := $(VENV)/.installed-stamp
 export ARDIT_CACHE_DIR ?= $(HOME)/.cache/ardit
 SMOLLM2_DIR := $(ARDIT_CACHE_DIR)/models/smollm2-135m-instruct
 TINY_DIT_DIR := $(ARDIT_CACHE_DIR)/models/qwen-image-tiny
+# A tiny Qwen-Image with every part, in the published folder layout (the reference tests' model).
+FULL_QWEN_IMAGE_DIR := $(ARDIT_CACHE_DIR)/models/qwen-image-full-tiny
 # The trained demo DiT (the DiT's default model) is committed: training it took 23 minutes on 2 cores
 # (deploy/checkpoints/ardit-demo/README.md), so `make checkpoints` installs the committed weights.
 DEMO_DIT_SRC := deploy/checkpoints/ardit-demo
@@ -36,6 +38,7 @@ $(STAMP): requirements.txt requirements-dev.txt requirements.lock pyproject.toml
 checkpoints: $(STAMP) $(DEMO_DIT_DIR)/.complete
 	$(PY) deploy/checkpoints/build_smollm2.py --out $(SMOLLM2_DIR)
 	$(PY) deploy/checkpoints/build_tiny_qwen_image.py --out $(TINY_DIT_DIR) --ar-model $(SMOLLM2_DIR)
+	$(PY) -m deploy.checkpoints.build_qwen_image_full --out $(FULL_QWEN_IMAGE_DIR)
 
 # Copied whole into a temporary directory, then renamed: a half-copied model is never served.
 $(DEMO_DIT_DIR)/.complete: $(shell find $(DEMO_DIT_SRC) -type f)

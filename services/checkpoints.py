@@ -18,6 +18,10 @@ DIT_MODEL = "ardit-demo"
 # A randomly initialised tiny Qwen-Image with the real VAE's topology: the plumbing tests' DiT
 # (deploy/checkpoints/build_tiny_qwen_image.py).
 PLUMBING_DIT_MODEL = "qwen-image-tiny"
+# A tiny Qwen-Image with every part (Qwen2.5-VL text encoder, Qwen's tokenizer, DiT), in the folder layout
+# Qwen-Image is published in: what the reference tests compare with diffusers' own pipeline
+# (deploy/checkpoints/build_qwen_image_full.py). "<name>-nested" is the same with a transformers-5 config.
+FULL_QWEN_IMAGE_MODEL = "qwen-image-full-tiny"
 
 
 def default_model_dir(name: str) -> Path:
