@@ -8,8 +8,10 @@ import sys
 from pydantic_settings import CliApp
 
 from ar_service.app import create_ar_app
+from ar_service.engine.text_model import TextModelError
 from ar_service.image_store import ImageNamesHidden
 from ar_service.settings import ArSettings
+from services.fatal import EXIT_SETTINGS
 from services.request_context import configure_logging
 from services.serve import serve
 from services.tracing import configure_tracing
@@ -25,7 +27,12 @@ def main() -> int:
     logging.getLogger("uvicorn.access").addFilter(ImageNamesHidden())
     configure_tracing("ar")
     ports = [settings.port] if settings.internal_port is None else [settings.port, settings.internal_port]
-    return serve(create_ar_app(settings), settings.host, ports)
+    try:
+        app = create_ar_app(settings)
+    except TextModelError as exc:  # a folder that cannot serve: what is missing, in one line
+        print(f"ardit AR service: {exc}", file=sys.stderr)
+        return EXIT_SETTINGS
+    return serve(app, settings.host, ports)
 
 
 if __name__ == "__main__":

@@ -60,7 +60,7 @@ def create_ar_app(settings: ArSettings) -> FastAPI:
     metrics = ArMetrics.of_service(new_registry(), settings)
     engine = HiddenStateEngine(settings)
     prompts = PromptBuilder.from_model_dir(settings.model_dir, settings.prompt_template)
-    dits = DitPool.of_settings(settings, engine.shape.hidden_size, engine.layer)
+    dits = DitPool.of_settings(settings, engine.text_model.hidden_size, engine.layer)
     readiness = ArReadiness(dits)
     admission = RequestAdmission(settings.max_queued_requests, settings.max_queue_wait_seconds, metrics)
     store = image_store(

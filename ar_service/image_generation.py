@@ -179,7 +179,7 @@ class ImageGenerator:
             model=self.settings.model_dir.name,
             conditioning=self.settings.conditioning,
             dtype=wire_dtype(self.engine.dtype),
-            hidden_size=self.engine.shape.hidden_size,
+            hidden_size=self.engine.text_model.hidden_size,
             layer=self.engine.layer,
             final_norm=self.settings.final_norm,
             streams={

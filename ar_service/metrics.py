@@ -118,7 +118,7 @@ class ArMetrics:
             {
                 "version": __version__,
                 "model": settings.model_dir.name,
-                "dtype": settings.dtype,
+                "dtype": settings.engine_dtype,
                 "device": "cuda" if torch.cuda.is_available() else "cpu",
                 "conditioning": settings.conditioning,
                 "prefix_caching": str(settings.enable_prefix_caching).lower(),

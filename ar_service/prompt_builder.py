@@ -12,6 +12,8 @@ from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from ar_service.engine.text_model import TextModel
+
 
 @dataclass(frozen=True)
 class BuiltPrompt:
@@ -33,7 +35,9 @@ class PromptBuilder:
 
     @classmethod
     def from_model_dir(cls, model_dir: str | Path, template: str) -> PromptBuilder:
-        return cls(AutoTokenizer.from_pretrained(str(model_dir)), template)
+        """The builder of the AR model folder's tokenizer (either layout ``TextModel`` reads)."""
+        tokenizer_dir = TextModel.read(Path(model_dir)).tokenizer_dir
+        return cls(AutoTokenizer.from_pretrained(str(tokenizer_dir)), template)
 
     @property
     def prefix_tokens(self) -> int:

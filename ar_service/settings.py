@@ -12,6 +12,7 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.checkpoints import AR_MODEL, default_model_dir
+from services.dtype import DtypeName, default_dtype
 from services.heap import RELEASE_IDLE_SECONDS
 from services.settings import HandoffToken, LogLevel, NonNegative, Port, Positive, ReleaseIdleSeconds, Seconds
 
@@ -37,8 +38,10 @@ class ArSettings(BaseSettings):
         default_factory=lambda: default_model_dir(AR_MODEL), description="HF checkpoint directory vLLM serves."
     )
     served_model_name: str = Field("ardit", description="The model id of the public API (/v1/models).")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "float32", description="Engine dtype: float32 on CPU (bf16 is slow there), bfloat16 on GPU."
+    dtype: DtypeName | None = Field(
+        None,
+        description="Engine dtype (None: bfloat16 on a GPU, and on a CPU that multiplies bf16 natively, AVX512-BF16 "
+        "or AMX; float32 on other CPUs, where bf16 is emulated).",
     )
     block_size: Annotated[int, Field(ge=16)] | None = Field(
         None, description="KV cache block size (None: the engine's default, 128 on CPU, 16 on GPU)."
@@ -67,12 +70,12 @@ class ArSettings(BaseSettings):
         description="Decode one token per step with capture on: drop the duplicate draft token vLLM's "
         "extract_hidden_states schedules (off only for measuring its cost).",
     )
-    hidden_layer: NonNegative = Field(
-        DEMO_HIDDEN_LAYER,
+    hidden_layer: NonNegative | None = Field(
+        None,
         description="Decoder layer whose output is captured (1 the first, 0 the embeddings, the model's layer count "
-        "the last). The default is the layer the demo DiT was trained on (its card says so, and a DiT refuses rows "
-        "of another layer); a real Qwen-Image is conditioned on the last layer: set it to the model's layer count (a "
-        "Qwen-Image checkpoint that ships its text encoder refuses any other).",
+        "the last). None: for a diffusers pipeline folder (Qwen-Image as published), its model card's layer, else "
+        "its text encoder's last (what QwenImagePipeline conditions on); for a language model's own folder, the "
+        "layer the demo DiT was trained on (its card says so too, and a DiT refuses rows of another layer).",
     )
     final_norm: bool = Field(True, description="Apply the model's final norm to captured rows (post-norm states).")
     seed: int = Field(0, description="Engine seed.")
@@ -88,7 +91,11 @@ class ArSettings(BaseSettings):
 
     # --- prompts ---------------------------------------------------------------------------------
     prompt_template: str = Field(QWEN_IMAGE_TEMPLATE, description="Python format string with one {} for the prompt.")
-    default_negative_prompt: str = Field(" ", description="Negative prompt for CFG when the request gives none.")
+    default_negative_prompt: str | None = Field(
+        None,
+        description="Negative prompt for CFG when the request gives none (None: the one the DiT announces, its "
+        "model card's, Qwen-Image's \" \" without one).",
+    )
     max_new_tokens: Positive = Field(
         1, description="Default generated tokens: 1 = encoder mode (Qwen-Image); more = AR generation (MammothModa2)."
     )
@@ -200,6 +207,15 @@ class ArSettings(BaseSettings):
     )
     log_level: LogLevel = "INFO"
     release_memory_idle_seconds: ReleaseIdleSeconds = RELEASE_IDLE_SECONDS
+
+    @property
+    def engine_dtype(self) -> DtypeName:
+        """``dtype``, else the default for the device vLLM runs on (``services/dtype.py``)."""
+        if self.dtype is not None:
+            return self.dtype
+        from vllm.platforms import current_platform
+
+        return default_dtype("cpu" if current_platform.is_cpu() else "cuda")
 
     @property
     def model_len(self) -> int:

@@ -134,7 +134,7 @@ async def rows_readback(rows: int, hidden: int, block: int, model_dir: Path, rep
     kv = torch.randn(blocks + 8, 1, block, hidden)  # [blocks, captured layers, block, hidden], like vLLM's
     table = torch.randperm(blocks + 8)[:blocks].tolist()
     slots = torch.tensor([table[p // block] * block + p % block for p in range(rows)], dtype=torch.long)
-    norm = FinalNorm.from_checkpoint(model_dir)
+    norm = FinalNorm.from_checkpoint(model_dir, eps=json.loads((model_dir / "config.json").read_text())["rms_norm_eps"])
     times: dict[str, list[float]] = {"gather": [], "final norm": [], "ZMQ hop into the AR process": []}
 
     async def hop(sender: RowSender, channel: RowChannel, gathered: torch.Tensor, i: int) -> float:
@@ -221,10 +221,10 @@ async def measure(args: argparse.Namespace, engines: list[Engine], long: list[in
     capture = next(e for e in engines if e.name == "capture_on")
     report["rows_readback_ms"] = {
         f"{len(long)} rows (B2)": await rows_readback(
-            len(long), capture.engine.shape.hidden_size, block, capture.engine.settings.model_dir, 20
+            len(long), capture.engine.text_model.hidden_size, block, capture.engine.settings.model_dir, 20
         ),
         f"{len(tail)} rows (tail only)": await rows_readback(
-            len(tail), capture.engine.shape.hidden_size, block, capture.engine.settings.model_dir, 20
+            len(tail), capture.engine.text_model.hidden_size, block, capture.engine.settings.model_dir, 20
         ),
     }
     if args.profile_requests:

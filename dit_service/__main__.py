@@ -7,8 +7,8 @@ import sys
 import torch
 
 from dit_service.app import create_dit_app
-from dit_service.model import ModelCard
 from dit_service.settings import DitSettings
+from services.model_card import ModelCard
 from services.request_context import configure_logging
 from services.serve import serve
 from services.tracing import configure_tracing

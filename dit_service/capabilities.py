@@ -19,6 +19,7 @@ from shared.errors import InvalidDiffusionParams
 FALLBACK_SIZE = "256x256"
 FALLBACK_STEPS = 8
 FALLBACK_GUIDANCE_SCALE = 1.0
+FALLBACK_NEGATIVE_PROMPT = " "
 
 
 def dit_capabilities(settings: DitSettings, model: DitModel) -> DitCapabilities:
@@ -56,6 +57,9 @@ def dit_capabilities(settings: DitSettings, model: DitModel) -> DitCapabilities:
             or FALLBACK_STEPS,
             guidance_scale=_first_set(settings.default_guidance_scale, card.default_guidance_scale),
             step_cache=card.default_step_cache if one_run_at_a_time else None,
+            negative_prompt=FALLBACK_NEGATIVE_PROMPT
+            if card.default_negative_prompt is None
+            else card.default_negative_prompt,
         ),
         capacity=DitCapacity(
             max_concurrent_handoffs=settings.max_concurrent_handoffs,

@@ -10,7 +10,6 @@ with a mask) — the same components driven the way diffusers' own edit pipeline
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from dataclasses import dataclass
@@ -24,61 +23,11 @@ from diffusers import (
     QwenImageInpaintPipeline,
     QwenImagePipeline,
 )
-from pydantic import BaseModel, ConfigDict, Field
 
-from shared.diffusion import Size, StepCache
+from services.model_card import ModelCard
 from shared.tensor_codec import ALLOWED_DTYPES
 
 log = logging.getLogger("ardit.dit.model")
-
-
-MODEL_CARD_FILE = "ardit.json"
-
-
-class ModelCard(BaseModel):
-    """Optional ``ardit.json`` in a model directory: what the model is and renders best.
-
-    A checkpoint made for ardit (the trained demo model) says so here; any other checkpoint has
-    no card, and the settings' defaults describe it.
-    """
-
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-    description: str | None = None
-    default_size: Size | None = None
-    # The sizes the model draws well, decided by the judge (benchmarks/results/prompt_following_sizes);
-    # no list: any size within the DiT's limits.
-    sizes: list[Size] | None = None
-    default_num_inference_steps: int | None = None
-    default_guidance_scale: float | None = None
-    # The step cache a request gets when it names none (benchmarks/results/step_cache.md decides it).
-    default_step_cache: StepCache | None = None
-    # torch intra-op threads the model renders fastest with on CPU, measured (benchmarks/results); None: torch's
-    # default, one per core. A model whose every op is small loses more to the threads' barriers than it gains.
-    cpu_threads: int | None = Field(None, ge=1)
-    # The AR layer the model was trained on (the AR's ``hidden_layer``); an ``open`` from another is refused.
-    # None: not known (no card names it, and the checkpoint ships no text encoder to read it from).
-    hidden_layer: int | None = Field(None, ge=0)
-
-    @classmethod
-    def read(cls, model_dir: Path) -> ModelCard:
-        path = model_dir / MODEL_CARD_FILE
-        card = cls.model_validate_json(path.read_text()) if path.exists() else cls()
-        if card.hidden_layer is None:
-            card = card.model_copy(update={"hidden_layer": _text_encoder_last_layer(model_dir)})
-        return card
-
-
-def _text_encoder_last_layer(model_dir: Path) -> int | None:
-    """The last layer of the text encoder a checkpoint ships (a real Qwen-Image's Qwen2.5-VL: 28), which
-    is the layer it was trained on: QwenImagePipeline conditions on ``hidden_states[-1]``. So an AR left at
-    the demo's layer is refused by a real Qwen-Image instead of feeding it rows it never saw."""
-    path = model_dir / "text_encoder" / "config.json"
-    if not path.exists():
-        return None
-    config = json.loads(path.read_text())
-    layers = (config.get("text_config") or {}).get("num_hidden_layers", config.get("num_hidden_layers"))
-    return int(layers) if layers is not None else None
 
 
 @dataclass(frozen=True)

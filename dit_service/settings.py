@@ -9,13 +9,12 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.checkpoints import DIT_MODEL, default_model_dir
+from services.dtype import DtypeName, default_dtype
 from services.heap import RELEASE_IDLE_SECONDS
 from services.settings import HandoffToken, LogLevel, NonNegative, Port, Positive, ReleaseIdleSeconds, Seconds
 from shared.diffusion import MAX_IMAGES, Size
 from shared.frame_codec import FrameLimits
 from shared.handoff_assembler import AssemblyCaps
-
-TorchDtypeName = Literal["float32", "bfloat16", "float16"]
 
 
 class DitSettings(BaseSettings):
@@ -27,7 +26,11 @@ class DitSettings(BaseSettings):
         description="QwenImagePipeline directory (no text encoder needed).",
     )
     device: Literal["cpu", "cuda"] = Field("cpu", description="Where the pipeline runs.")
-    dtype: TorchDtypeName | None = Field(None, description="Model dtype; default float32 on CPU, bfloat16 on CUDA.")
+    dtype: DtypeName | None = Field(
+        None,
+        description="Model dtype (None: bfloat16 on CUDA, and on a CPU that multiplies bf16 natively, AVX512-BF16 or "
+        "AMX; float32 on other CPUs).",
+    )
     torch_threads: Positive | None = Field(
         None, description="torch intra-op threads (None: on CPU the model card's cpu_threads, else torch's default)."
     )
@@ -138,10 +141,8 @@ class DitSettings(BaseSettings):
     )
 
     @property
-    def torch_dtype_name(self) -> TorchDtypeName:
-        if self.dtype is not None:
-            return self.dtype
-        return "float32" if self.device == "cpu" else "bfloat16"
+    def torch_dtype_name(self) -> DtypeName:
+        return self.dtype if self.dtype is not None else default_dtype(self.device)
 
     @property
     def assembly_caps(self) -> AssemblyCaps:

@@ -16,6 +16,9 @@ log = logging.getLogger("ardit.fatal")
 
 # Distinct from Python's 1 (an unhandled exception at start-up) so operators can tell them apart.
 EXIT_CODE = 3
+# The settings name something that cannot serve (sysexits' EX_CONFIG): the message says what, in one line,
+# and a restart would fail the same way, so the launcher does not try one.
+EXIT_SETTINGS = 78
 
 
 class Fatal:

@@ -23,6 +23,7 @@ import urllib.request
 from collections import deque
 from dataclasses import dataclass, field
 
+from services.fatal import EXIT_SETTINGS
 from services.lifetime import die_with_parent
 
 MAX_CRASHES = 5
@@ -120,6 +121,9 @@ def supervise(services: list[Service], url: str, ready_timeout: float) -> int:
         now = time.monotonic()
         for service in services:
             code = service.exited()
+            if code == EXIT_SETTINGS:
+                say(f"{service.name} cannot start with these settings (see above); not restarting it")
+                return 1
             if code is not None:
                 if not service.crashed(now):
                     say(f"{service.name} crashed {MAX_CRASHES} times within {CRASH_WINDOW_SECONDS:g} s; giving up")

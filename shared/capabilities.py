@@ -132,6 +132,9 @@ class DiffusionDefaults(WireModel):
     num_inference_steps: PosInt
     guidance_scale: Annotated[float, Field(ge=0.0)]
     step_cache: StepCache | None = None
+    # The negative prompt CFG runs against when a request gives none (Qwen-Image's " "); a DiT that predates
+    # it announces none, and gets Qwen-Image's.
+    negative_prompt: Annotated[str, Field(max_length=4096)] = " "
 
 
 class DitCapacity(WireModel):

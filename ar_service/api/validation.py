@@ -157,7 +157,8 @@ class RequestValidator:
         texts: dict[StreamName, str] = {"cond": body.prompt}
         # CFG runs only above guidance 1; otherwise a negative prompt would change nothing, so it is not prefilled.
         if diffusion.guidance_scale > 1.0:
-            texts["uncond"] = body.negative_prompt if body.negative_prompt is not None else s.default_negative_prompt
+            negative = s.default_negative_prompt if body.negative_prompt is None else body.negative_prompt
+            texts["uncond"] = dit.defaults.negative_prompt if negative is None else negative
         generation = GenerationRequest(
             request_id=request_id,
             prompts={name: self._prompt(name, text, dit) for name, text in texts.items()},

@@ -205,7 +205,9 @@ class HiddenStateConnector(KVConnectorBase_V1, SupportsHMA):
                 f"hidden-state cache blocks hold {self._kv.shape[2]} tokens, its KV cache group says {self._block_size}"
             )
         if self._apply_final_norm:
-            self._norm = FinalNorm.from_checkpoint(self._vllm_config.model_config.model).to(self._kv.device)
+            model = self._vllm_config.model_config
+            norm = FinalNorm.from_checkpoint(model.model, eps=model.hf_text_config.rms_norm_eps)
+            self._norm = norm.to(self._kv.device)
         self._sender = RowSender(self._endpoint)
         if self._kv.is_cuda:
             self._async_copy = _DeviceToHostSender(self._sender)

@@ -4,18 +4,20 @@ vLLM's ``extract_hidden_states`` captures the configured decoder layer's output 
 norm (verified against transformers: pre-norm matches to 2e-6). Qwen-Image and most AR→DiT
 models were trained on post-norm hidden states, so by default the rows are normalised here,
 with the checkpoint's own weight and epsilon, exactly as transformers' ``LlamaRMSNorm`` /
-``Qwen2RMSNorm`` compute it (fp32 math, result cast back to the source dtype).
+``Qwen2RMSNorm`` compute it (fp32 math, result cast back to the source dtype). The epsilon is the
+text config's (a multimodal checkpoint nests it in ``text_config``), as the engine read it.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
-NORM_WEIGHT_KEY = "model.norm.weight"
+# The final norm's weight under the key layouts checkpoints are saved with (a multimodal model saved by
+# transformers >= 4.52 may nest its language model).
+NORM_WEIGHT_KEYS = ("model.norm.weight", "model.language_model.norm.weight")
 
 
 class FinalNorm:
@@ -24,15 +26,14 @@ class FinalNorm:
         self.eps = eps
 
     @classmethod
-    def from_checkpoint(cls, model_dir: str | Path, eps: float | None = None) -> FinalNorm:
+    def from_checkpoint(cls, model_dir: str | Path, eps: float) -> FinalNorm:
         model_dir = Path(model_dir)
-        config = json.loads((model_dir / "config.json").read_text())
-        eps = config.get("rms_norm_eps", 1e-6) if eps is None else eps
         for path in sorted(model_dir.glob("*.safetensors")):
             with safe_open(str(path), framework="pt") as f:
-                if NORM_WEIGHT_KEY in f.keys():  # noqa: SIM118 - safe_open is not a dict
-                    return cls(f.get_tensor(NORM_WEIGHT_KEY), eps)
-        raise FileNotFoundError(f"{NORM_WEIGHT_KEY} not found in {model_dir}/*.safetensors")
+                key = next((k for k in NORM_WEIGHT_KEYS if k in f.keys()), None)  # noqa: SIM118 - not a dict
+                if key is not None:
+                    return cls(f.get_tensor(key), eps)
+        raise FileNotFoundError(f"none of {', '.join(NORM_WEIGHT_KEYS)} in {model_dir}/*.safetensors")
 
     def to(self, device: torch.device | str) -> FinalNorm:
         return FinalNorm(self.weight.to(device), self.eps)

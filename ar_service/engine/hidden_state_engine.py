@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import tempfile
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -30,7 +28,8 @@ from vllm.v1.engine.exceptions import EngineDeadError
 
 from ar_service.engine.connector import ROW_COUNT_KEY, ROW_QUEUE_KEY, HiddenStateConnector
 from ar_service.engine.row_channel import RowChannel, RowChunk, RowQueue
-from ar_service.settings import ArSettings
+from ar_service.engine.text_model import TextModel, TextModelError
+from ar_service.settings import DEMO_HIDDEN_LAYER, ArSettings
 from services.heap import IdleRelease, collect_free_pages
 from services.tracing import current_traceparent, otlp_traces_endpoint
 
@@ -86,27 +85,15 @@ class EngineUnavailable(RuntimeError):
     """The engine is not running (not started yet, or dead): no request can be served."""
 
 
-@dataclass(frozen=True)
-class ModelShape:
-    hidden_size: int
-    num_hidden_layers: int
-
-    @classmethod
-    def read(cls, model_dir: Path) -> ModelShape:
-        config = json.loads((model_dir / "config.json").read_text())
-        text = config.get("text_config", config)  # multimodal checkpoints nest the LLM config
-        return cls(hidden_size=text["hidden_size"], num_hidden_layers=text["num_hidden_layers"])
-
-
 class HiddenStateEngine:
     def __init__(self, settings: ArSettings) -> None:
         self.settings = settings
-        self.shape = ModelShape.read(settings.model_dir)
-        layers = self.shape.num_hidden_layers
-        if settings.hidden_layer > layers:
-            raise ValueError(f"hidden_layer {settings.hidden_layer}: {settings.model_dir.name} has {layers} layers")
-        self.layer = settings.hidden_layer
-        self.dtype = getattr(torch, settings.dtype)
+        self.text_model = TextModel.read(settings.model_dir)
+        self.layer = captured_layer(settings.hidden_layer, self.text_model)
+        layers = self.text_model.num_hidden_layers
+        if self.layer > layers:
+            raise TextModelError(f"hidden_layer {self.layer}: {settings.model_dir} has {layers} layers")
+        self.dtype = getattr(torch, settings.engine_dtype)
         self._engine: AsyncLLM | None = None
         self._channel: RowChannel | None = None
         self._socket_dir: tempfile.TemporaryDirectory[str] | None = None
@@ -135,8 +122,8 @@ class HiddenStateEngine:
         s = self.settings
         extra = self._capture_config() if s.capture_hidden_states else {}
         args = AsyncEngineArgs(
-            model=str(s.model_dir),
-            dtype=s.dtype,
+            **self.text_model.engine_args(),
+            dtype=s.engine_dtype,
             seed=s.seed,
             block_size=s.block_size,
             enable_prefix_caching=s.enable_prefix_caching,
@@ -422,6 +409,13 @@ class _EngineRun:
     async def wait_for_tokens(self) -> None:
         await self._tokens.wait()
         self._tokens.clear()
+
+
+def captured_layer(setting: int | None, text_model: TextModel) -> int:
+    """The layer whose rows are captured: the setting's, else the pipeline folder's card's, else the demo DiT's."""
+    if setting is not None:
+        return setting
+    return text_model.card_layer if text_model.card_layer is not None else DEMO_HIDDEN_LAYER
 
 
 def _kv_bytes_per_token(config: VllmConfig, dtype: torch.dtype) -> int:

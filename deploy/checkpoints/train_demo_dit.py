@@ -106,6 +106,7 @@ from ar_service.settings import DEMO_HIDDEN_LAYER, ArSettings
 from deploy.checkpoints import colour_decoys, demo_scenes, prompt_grammar, qwen_vae_2d
 from deploy.checkpoints.build_tiny_qwen_image import SCHEDULER_CONFIG
 from deploy.checkpoints.demo_rows import PromptRows
+from dit_service.capabilities import FALLBACK_NEGATIVE_PROMPT
 
 TORCH_THREADS = 2
 IMAGES = 30_000
@@ -117,7 +118,8 @@ NO_PLACE_RATE = 0.15
 UNCOLOURED_WORDINGS = 16
 UNCOLOURED_RATE = 0.25
 DECOY_RATE = 0.0  # tried at 0.25 and not kept ("Tried and not kept" in this docstring)
-NULL_PROMPT = ArSettings().default_negative_prompt
+# The negative prompt CFG runs against when a request names none (the DiT announces it; the demo card names none).
+NULL_PROMPT = FALLBACK_NEGATIVE_PROMPT
 NULL_PROMPT_RATE = 0.1
 
 VAE_Z_DIM = 8

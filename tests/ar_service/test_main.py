@@ -17,6 +17,7 @@ import httpx
 import psutil
 import pytest
 
+from services.fatal import EXIT_SETTINGS
 from tests.conftest import PLUMBING_DIT_MODEL_DIR, require_checkpoint
 from tests.support.ports import free_port
 
@@ -31,6 +32,18 @@ def test_an_engine_that_cannot_start_makes_the_process_exit_non_zero():
     finished = subprocess.run([sys.executable, "-m", "ar_service"], cwd=REPO, env=env, capture_output=True, timeout=600)
     assert finished.returncode == 3, finished.stderr.decode()[-3000:]
     assert b"AR engine: failed to start" in finished.stderr
+
+
+def test_a_model_folder_that_cannot_serve_stops_the_process_with_one_line_that_names_what_is_missing():
+    folder = require_checkpoint(PLUMBING_DIT_MODEL_DIR)  # a DiT-only pipeline folder: no text encoder
+    env = {**os.environ, "ARDIT_AR_MODEL_DIR": str(folder), "ARDIT_AR_PORT": str(free_port())}
+    finished = subprocess.run([sys.executable, "-m", "ar_service"], cwd=REPO, env=env, capture_output=True, timeout=600)
+    assert finished.returncode == EXIT_SETTINGS
+    assert finished.stderr.decode().splitlines()[-1] == (
+        f"ardit AR service: {folder} is a QwenImagePipeline folder without its text_encoder/: the AR serves the "
+        "text encoder (point ARDIT_AR_MODEL_DIR at a folder that ships it)"
+    )
+    assert b"Traceback" not in finished.stderr
 
 
 def _living(processes: list[psutil.Process]) -> list[psutil.Process]:

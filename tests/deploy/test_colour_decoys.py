@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from ar_service.settings import ArSettings
+from ar_service.settings import DEMO_HIDDEN_LAYER, ArSettings
 from deploy.checkpoints import colour_decoys
 from deploy.checkpoints.demo_rows import PromptRows
 from deploy.checkpoints.prompt_grammar import COLOUR_WORDS
@@ -38,7 +38,7 @@ def test_a_decoy_word_keeps_the_casing_of_the_word_it_replaces():
 @pytest.fixture(scope="module")
 def encoder() -> PromptRows:
     settings = ArSettings()
-    return PromptRows(settings.model_dir, settings.prompt_template, settings.hidden_layer)
+    return PromptRows(settings.model_dir, settings.prompt_template, DEMO_HIDDEN_LAYER)
 
 
 @pytest.mark.slow

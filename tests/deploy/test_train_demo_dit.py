@@ -14,10 +14,12 @@ import numpy as np
 import pytest
 import torch
 
+from ar_service.engine.hidden_state_engine import captured_layer
+from ar_service.engine.text_model import TextModel
 from ar_service.settings import DEMO_HIDDEN_LAYER, ArSettings
 from deploy.checkpoints import demo_scenes, prompt_grammar
 from deploy.checkpoints.train_demo_dit import VAE_Z_DIM, Scenes, draw_wordings, loss_weights, pack, text_colours
-from dit_service.model import ModelCard
+from services.model_card import ModelCard
 
 COMBINATIONS = demo_scenes.seen_attributes()
 PLACE_WORDS = re.compile(r"\b(top|upper|bottom|lower|left|right)\b", re.IGNORECASE)
@@ -111,5 +113,6 @@ def test_the_loss_weighs_each_latent_value_by_the_share_of_its_pixels_the_shape_
 def test_the_committed_demo_model_was_trained_on_the_layer_the_ar_streams_by_default():
     committed = Path(__file__).parents[2] / "deploy" / "checkpoints" / "ardit-demo"
     record = json.loads((committed / "training_record.json").read_text())
-    assert ArSettings.model_fields["hidden_layer"].default == DEMO_HIDDEN_LAYER
+    language_model_folder = TextModel(Path("smollm2"), Path("smollm2"), "LlamaForCausalLM", 576, 30, text_tower=None)
+    assert captured_layer(ArSettings().hidden_layer, language_model_folder) == DEMO_HIDDEN_LAYER
     assert ModelCard.read(committed).hidden_layer == record["hidden_layer"] == DEMO_HIDDEN_LAYER

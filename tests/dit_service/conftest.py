@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from dit_service.app import create_dit_app
-from dit_service.model import MODEL_CARD_FILE, DitModel
+from dit_service.model import DitModel
 from dit_service.settings import DitSettings
+from services.model_card import MODEL_CARD_FILE
 from tests.dit_service.handoff_requests import AR_MODEL, TOKEN
 from tests.support.live_server import LiveServer
 

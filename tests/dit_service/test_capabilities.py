@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from dit_service.capabilities import dit_capabilities
-from dit_service.model import ModelCard, ModelFacts
+from dit_service.model import ModelFacts
 from dit_service.settings import DitSettings
+from services.model_card import ModelCard
 from shared.diffusion import FirstBlockCache
 
 FACTS = ModelFacts(

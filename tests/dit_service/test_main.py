@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from dit_service.__main__ import intra_op_threads
-from dit_service.model import MODEL_CARD_FILE
 from dit_service.settings import DitSettings
+from services.model_card import MODEL_CARD_FILE
 from shared.result_frames import RESERVATION_HEADER, RESERVATIONS_PATH
 from tests.dit_service.handoff_requests import AR_MODEL, complete_handoff, handoff_headers, hidden_rows, post_handoff
 from tests.support.otlp_collector import OtlpCollector

@@ -4,6 +4,7 @@ import pytest
 from pydantic import ValidationError
 
 from dit_service.settings import DitSettings
+from services.dtype import default_dtype
 
 
 def test_environment_configures_the_service(monkeypatch, tmp_path):
@@ -32,9 +33,9 @@ def test_defaults(monkeypatch):
     assert settings.max_sequence_length == 512
 
 
-@pytest.mark.parametrize("device, dtype", [("cpu", "float32"), ("cuda", "bfloat16")])
-def test_dtype_follows_the_device_unless_set(device, dtype):
-    assert DitSettings(device=device).torch_dtype_name == dtype
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_dtype_follows_the_device_unless_set(device):
+    assert DitSettings(device=device).torch_dtype_name == default_dtype(device)
     assert DitSettings(device=device, dtype="float16").torch_dtype_name == "float16"
 
 

@@ -18,8 +18,8 @@ from PIL import Image
 from benchmarks.prompt_judge import judge
 from deploy.checkpoints import demo_scenes, prompt_grammar
 from dit_service.app import create_dit_app
-from dit_service.model import ModelCard
 from services.checkpoints import DIT_MODEL, default_model_dir
+from services.model_card import ModelCard
 from shared.diffusion import parse_size
 from tests.conftest import API_KEY, PLUMBING_DIT_MODEL_DIR, Stack, dit_settings, require_checkpoint
 from tests.support.dit_pools import pointed_at

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+from collections import deque
 
 import pytest
 
 from services import launcher
+from services.fatal import EXIT_SETTINGS
 from services.launcher import MAX_CRASHES, Service, supervise
 from tests.support.ports import free_port
 
@@ -35,6 +37,17 @@ def test_a_service_that_keeps_crashing_makes_the_launcher_give_up(monkeypatch, c
     doomed.start()
     assert supervise([doomed], f"http://127.0.0.1:{free_port()}", ready_timeout=120) == 1
     assert f"doomed crashed {MAX_CRASHES} times" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_service_that_cannot_start_with_its_settings_is_not_restarted(tmp_path, capsys):
+    env = {**os.environ, "ARDIT_AR_MODEL_DIR": str(tmp_path / "absent"), "ARDIT_AR_PORT": str(free_port())}
+    ar = Service("ar", "ar_service", env)
+    ar.start()
+    assert supervise([ar], f"http://127.0.0.1:{free_port()}", ready_timeout=120) == 1
+    assert ar.crashes == deque() and ar.exited() == EXIT_SETTINGS
+    err = capsys.readouterr().err
+    assert "ar cannot start with these settings" in err and "restarting it in" not in err
 
 
 def test_the_services_openmp_threads_spin_briefly_unless_the_operator_says_otherwise(monkeypatch):

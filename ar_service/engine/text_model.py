@@ -1,0 +1,106 @@
+"""The AR's text model: where its weights and tokenizer are, its shape, and how vLLM serves it.
+
+``ARDIT_AR_MODEL_DIR`` is either a language model's own folder (config, weights and tokenizer in one
+place, as SmolLM2's) or a diffusers pipeline folder that ships its text encoder — Qwen-Image as
+published, ``text_encoder/`` and ``tokenizer/`` beside the DiT's parts — read in place, so the AR and
+the DiT can be given the same folder.
+
+A multimodal text encoder (a config with a ``vision_config``) is served text-only, by its text tower
+(``text_towers``). Everything a start needs is checked here, before vLLM runs, so that a folder that
+cannot serve fails in one line that names what is missing (``TextModelError``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ar_service.engine.text_towers import TEXT_TOWERS, text_only_overrides
+from services.model_card import PIPELINE_INDEX, ModelCard
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+
+
+class TextModelError(ValueError):
+    """The AR's model folder cannot be served; the message names what is missing, in one line."""
+
+
+@dataclass(frozen=True)
+class TextModel:
+    weights_dir: Path
+    tokenizer_dir: Path
+    architecture: str
+    hidden_size: int
+    num_hidden_layers: int
+    # The architecture vLLM serves a multimodal checkpoint's language model as; None: served as it is.
+    text_tower: str | None
+    # The layer the pipeline folder's model card names (its DiT was trained on it); None: not a pipeline folder.
+    card_layer: int | None = None
+
+    @classmethod
+    def read(cls, model_dir: Path) -> TextModel:
+        if not model_dir.is_dir():
+            raise TextModelError(f"AR model folder {model_dir} does not exist (ARDIT_AR_MODEL_DIR)")
+        weights_dir, tokenizer_dir = model_dir, model_dir
+        pipeline = (model_dir / PIPELINE_INDEX).exists()
+        if pipeline:
+            weights_dir, tokenizer_dir = _pipeline_text_encoder(model_dir)
+        config = _json(weights_dir / "config.json", "the text model's config")
+        card_layer = ModelCard.read(model_dir).hidden_layer if pipeline else None
+        text = config.get("text_config") or config
+        architecture = (config.get("architectures") or ["?"])[0]
+        tower = None
+        if "vision_config" in config:
+            if architecture not in TEXT_TOWERS:
+                known = ", ".join(TEXT_TOWERS)
+                raise TextModelError(
+                    f"{weights_dir} is multimodal ({architecture}) with no text-only tower here (known: {known})"
+                )
+            tower = TEXT_TOWERS[architecture][0]
+        if not any(weights_dir.glob("*.safetensors")):
+            raise TextModelError(f"{weights_dir} has no *.safetensors weights")
+        if not any((tokenizer_dir / name).exists() for name in TOKENIZER_FILES):
+            raise TextModelError(f"{tokenizer_dir} has no tokenizer (none of {', '.join(TOKENIZER_FILES)})")
+        for key in ("hidden_size", "num_hidden_layers"):
+            if not isinstance(text.get(key), int):
+                raise TextModelError(f"{weights_dir}/config.json gives no {key}")
+        shape = text["hidden_size"], text["num_hidden_layers"]
+        return cls(weights_dir, tokenizer_dir, architecture, *shape, text_tower=tower, card_layer=card_layer)
+
+    def engine_args(self) -> dict[str, Any]:
+        """vLLM engine arguments that say which model to serve and how. The AR tokenizes prompts itself
+        (``PromptBuilder``) and reads only token ids back, so vLLM loads no tokenizer: it would load it in two
+        processes to detokenize text nobody reads, and in a pipeline folder, whose ``tokenizer/`` has no model
+        config, it retries reading one there and logs each try as an error. Generation still stops at the
+        end-of-sequence ids of the model's ``generation_config.json``."""
+        args: dict[str, Any] = {"model": str(self.weights_dir), "skip_tokenizer_init": True}
+        if self.text_tower is not None:
+            args["hf_overrides"] = text_only_overrides
+        return args
+
+
+def _pipeline_text_encoder(model_dir: Path) -> tuple[Path, Path]:
+    index = _json(model_dir / PIPELINE_INDEX, "the pipeline's index")
+    parts: list[Path] = []
+    for part in ("text_encoder", "tokenizer"):
+        if (index.get(part) or [None])[0] is None or not (model_dir / part).is_dir():
+            raise TextModelError(
+                f"{model_dir} is a {index.get('_class_name', 'diffusers')} folder without its {part}/: the AR "
+                "serves the text encoder (point ARDIT_AR_MODEL_DIR at a folder that ships it)"
+            )
+        parts.append(model_dir / part)
+    return parts[0], parts[1]
+
+
+def _json(path: Path, what: str) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise TextModelError(f"{path} is missing ({what})") from None
+    except ValueError as exc:
+        raise TextModelError(f"{path} is not valid JSON ({what}): {exc}") from None
+    if not isinstance(value, dict):
+        raise TextModelError(f"{path} is not a JSON object ({what})")
+    return value

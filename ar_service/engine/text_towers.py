@@ -1,0 +1,63 @@
+"""The language model of a multimodal text encoder, served by vLLM as a text-only model.
+
+Qwen-Image's text encoder is Qwen2.5-VL: a vision tower and a Qwen2 language model. The AR only ever
+feeds it text, so it serves the language model alone, under an architecture of its own:
+
+- vLLM's ``Qwen2_5_VLForConditionalGeneration`` cannot be imported without torchvision (its module
+  imports transformers' Qwen2-VL image processor), and PyPI's torchvision is a CUDA build that does
+  not load against torch's CPU build; a text-only AR should not need an image library at all.
+- Served multimodal, vLLM also builds the checkpoint's image processor to size the vision encoder's
+  budget, and refuses a folder without ``preprocessor_config.json`` (Qwen-Image's text encoder has none).
+
+For text-only input Qwen2.5-VL's multimodal RoPE gives every token the same position in its three
+sections, which is ordinary 1-D RoPE at the same frequencies; its language model is then a Qwen2
+decoder (``qwen2_5_vl_text``).
+
+vLLM resolves architectures in every process it starts, so the towers are registered through vLLM's
+plugin entry point (``vllm.general_plugins`` in pyproject.toml), by path: the model module is only
+imported where a model loads. An engine picks its tower with ``hf_overrides`` (``text_only_overrides``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Multimodal architecture -> the text-only architecture its language model is served as, and where that lives.
+TEXT_TOWERS = {
+    "Qwen2_5_VLForConditionalGeneration": (
+        "ArditQwen2_5_VLTextTower",
+        "ar_service.engine.qwen2_5_vl_text:Qwen2_5_VLTextTower",
+    ),
+}
+
+
+def register() -> None:
+    """vLLM's general-plugin hook (run in every vLLM process): make the towers known to its model registry."""
+    from vllm import ModelRegistry
+
+    for architecture, model_class in TEXT_TOWERS.values():
+        ModelRegistry.register_model(architecture, model_class)
+
+
+def text_only_overrides(config: Any) -> Any:
+    """vLLM's ``hf_overrides`` for a checkpoint served by its text tower: the tower's architecture, and 1-D
+    RoPE (text-only positions are equal in every M-RoPE section). vLLM also calls it on a blank config
+    (to read the model type it gives), which it returns as it is."""
+    tower = TEXT_TOWERS.get((getattr(config, "architectures", None) or [""])[0])
+    if tower is None:
+        return config
+    config.architectures = [tower[0]]
+    text = config.get_text_config()
+    if not hasattr(text, "tie_word_embeddings"):
+        # transformers 5 keeps it on the top-level config only, where a hub-style (flat) config.json puts it.
+        text.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+    for part in {id(c): c for c in (config, text)}.values():
+        for name in ("rope_parameters", "rope_scaling"):
+            rope = getattr(part, name, None)
+            if isinstance(rope, dict):
+                rope.pop("mrope_section", None)
+                rope.pop("mrope_interleaved", None)
+                if rope.get("rope_type", rope.get("type")) == "mrope":
+                    rope["rope_type"] = "default"
+                    rope.pop("type", None)
+    return config
