@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from ar_service.settings import ArSettings
-from dit_service.model import ModelCard
 from dit_service.settings import DitSettings
+from services.model_card import PUBLISHED_CARDS
 from shared.diffusion import parse_size
 from tests.deploy.compose_cli import CPU_FILES, GPU_FILES, ROOT, compose, rendered
 
@@ -105,25 +105,24 @@ def test_cpu_variant_reserves_no_gpu_and_runs_on_cpu(cpu):
         service = cpu["services"][name]
         assert "deploy" not in service
         assert service["build"]["dockerfile"] == "deploy/docker/Dockerfile.cpu" and service["image"] == "ardit:cpu"
-    assert cpu["services"]["ar"]["environment"]["ARDIT_AR_DTYPE"] == "float32"
+    assert "ARDIT_AR_DTYPE" not in cpu["services"]["ar"]["environment"]  # bf16 where the CPU multiplies it
     assert cpu["services"]["dit"]["environment"]["ARDIT_DIT_DEVICE"] == "cpu"
 
 
-def test_gpu_variant_sizes_for_a_real_qwen_image_and_cpu_keeps_the_demo_defaults(gpu, cpu, monkeypatch):
+def test_gpu_variant_serves_qwen_image_as_published_and_cpu_keeps_the_demo_defaults(gpu, cpu, monkeypatch):
     gpu_env, cpu_env = gpu["services"]["ar"]["environment"], cpu["services"]["ar"]["environment"]
     gpu_dit, cpu_dit = gpu["services"]["dit"]["environment"], cpu["services"]["dit"]["environment"]
     assert int(gpu_env["ARDIT_AR_KV_CACHE_BYTES"]) >= 8 << 30
-    assert gpu_dit["ARDIT_DIT_DEFAULT_SIZE"] == "1328x1328"
-    assert int(gpu_dit["ARDIT_DIT_DEFAULT_NUM_INFERENCE_STEPS"]) >= 20
-    assert gpu["services"]["ar"]["environment"]["ARDIT_AR_DTYPE"] == "bfloat16"
-    assert gpu_env["ARDIT_AR_HIDDEN_LAYER"] == "28"  # Qwen2.5-VL-7B's last layer, Qwen-Image's conditioning
-    # The CPU override drops the GPU sizes and Qwen-Image's layer, so the services' own (demo) defaults apply.
-    assert not {"ARDIT_AR_KV_CACHE_BYTES", "ARDIT_AR_HIDDEN_LAYER"} & set(cpu_env)
-    assert not {"ARDIT_DIT_DEFAULT_SIZE", "ARDIT_DIT_SIZES", "ARDIT_DIT_DEFAULT_NUM_INFERENCE_STEPS"} & set(cpu_dit)
+    # Qwen-Image's layer, steps, size and CFG come from its folder (its model card), bf16 from the GPU: not set.
+    assert not {"ARDIT_AR_DTYPE", "ARDIT_AR_HIDDEN_LAYER", "ARDIT_AR_DEFAULT_NEGATIVE_PROMPT"} & set(gpu_env)
+    model_defaults = {"ARDIT_DIT_DTYPE", "ARDIT_DIT_DEFAULT_SIZE", "ARDIT_DIT_DEFAULT_NUM_INFERENCE_STEPS"}
+    assert not (model_defaults | {"ARDIT_DIT_DEFAULT_GUIDANCE_SCALE"}) & set(gpu_dit)
+    # The CPU override drops the GPU sizes, so the services' own (demo) defaults apply.
+    assert "ARDIT_AR_KV_CACHE_BYTES" not in cpu_env and "ARDIT_DIT_SIZES" not in cpu_dit
     for key in list(gpu_env) + list(gpu_dit):
         monkeypatch.delenv(key, raising=False)
     assert ArSettings().kv_cache_bytes is None  # sized in tokens, for the demo's short prompts
-    assert ArSettings().hidden_layer == ModelCard.read(DitSettings().model_dir).hidden_layer  # the demo DiT's
+    assert ArSettings().hidden_layer is None  # the model card's (a Qwen-Image folder's), else the demo DiT's
     assert DitSettings().default_size is None  # the model card's (or 256x256), the demo's size
     assert DitSettings().sizes is None  # the model card's list
 
@@ -133,7 +132,7 @@ def test_gpu_variant_lists_qwen_images_sizes_with_its_default_first_and_openais_
     for key, value in environment.items():
         monkeypatch.setenv(key, str(value))
     settings = DitSettings()
-    assert settings.sizes is not None and settings.sizes[0] == settings.default_size == "1328x1328"
+    assert settings.sizes is not None and settings.sizes[0] == PUBLISHED_CARDS["QwenImagePipeline"].default_size
     assert {"1664x928", "928x1664", "1024x1024", "1536x1024", "1024x1536"} <= set(settings.sizes)
     for size in settings.sizes:
         width, height = parse_size(size)

@@ -540,11 +540,12 @@ def test_environment_is_valid_settings(component, settings_class, monkeypatch):
         monkeypatch.setenv(name, value)
     settings = settings_class()
     assert settings.host == "0.0.0.0" and settings.port == PORTS[component]
+    # Qwen-Image's layer and defaults come from the folder both tiers mount (its model card), bf16 from the GPU.
+    assert settings.model_dir == Path("/models/qwen-image") and settings.dtype is None
     if component == "ar":
-        assert settings.dtype == "bfloat16"
-        assert settings.hidden_layer == 28  # Qwen2.5-VL-7B's last layer, Qwen-Image's conditioning
+        assert settings.hidden_layer is None
     else:
-        assert settings.device == "cuda"
+        assert settings.device == "cuda" and settings.default_size is None
 
 
 def test_the_ar_resolves_the_dit_pods_through_the_headless_service():
