@@ -16,11 +16,13 @@ import pytest
 import torch
 
 from ar_service.app import ArRuntime, create_ar_app
+from ar_service.engine.hidden_state_engine import HiddenStateEngine
 from ar_service.settings import ArSettings
 from dit_service.app import create_dit_app
 from dit_service.settings import DitSettings
 from services.checkpoints import PLUMBING_DIT_MODEL, default_model_dir
 from tests.support import leftovers
+from tests.support.background_loop import BackgroundLoop
 from tests.support.live_server import LiveServer
 
 # Bitwise image comparisons need a fixed intra-op thread count.
@@ -88,6 +90,30 @@ def dit_settings(**overrides) -> DitSettings:
         model_dir=require_checkpoint(PLUMBING_DIT_MODEL_DIR), handoff_token=HANDOFF_TOKEN, torch_threads=1
     )
     return DitSettings(**(base | overrides))
+
+
+@dataclass
+class OwnEngine:
+    """An AR engine a test owns, on its own event loop."""
+
+    loop: BackgroundLoop
+    engine: HiddenStateEngine
+
+    def call(self, coro):
+        return self.loop.call(coro)
+
+
+@pytest.fixture(scope="session")
+def fp32_engine() -> Iterator[OwnEngine]:
+    """The AR's engine at its defaults but in fp32, for what only fp32 promises (rows equal to transformers',
+    a prefix-cache hit bitwise a miss, a request's rows whatever runs beside it); the stack runs the machine's
+    default dtype, bf16 on a CPU that multiplies it natively."""
+    loop = BackgroundLoop()
+    engine = HiddenStateEngine(ArSettings(model_dir=require_checkpoint(ArSettings().model_dir), dtype="float32"))
+    engine.start()
+    yield OwnEngine(loop, engine)
+    engine.shutdown()
+    loop.stop()
 
 
 @pytest.fixture(scope="session")

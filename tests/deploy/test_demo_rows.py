@@ -25,12 +25,12 @@ def prompt_rows(stack) -> PromptRows:
     return PromptRows(stack.settings.model_dir, stack.settings.prompt_template, stack.runtime.engine.layer)
 
 
-def test_rows_after_the_template_prefix_equal_what_the_engine_streams(stack, prompt_rows):
-    runtime = stack.runtime
+def test_rows_after_the_template_prefix_equal_what_the_engine_streams(stack, fp32_engine, prompt_rows):
+    # The trainer's rows are fp32 (demo_rows.py), so the engine's are compared in fp32.
     computed = prompt_rows.rows(PROMPTS, batch_size=2)
     for text, rows in zip(PROMPTS, computed, strict=True):
-        built = runtime.prompts.build(text)
-        run = stack.ar.call(run_engine(runtime.engine, built.token_ids, max_new_tokens=1))
+        built = stack.runtime.prompts.build(text)
+        run = fp32_engine.call(run_engine(fp32_engine.engine, built.token_ids, max_new_tokens=1))
         streamed = run.rows[built.prefix_tokens : len(built.token_ids)]
         assert rows.shape == streamed.shape == (len(built.token_ids) - built.prefix_tokens, 576)
         # The tolerance of tests/ar_service/test_engine_golden.py (vLLM's CPU kernels vs transformers).

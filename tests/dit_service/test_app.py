@@ -10,6 +10,7 @@ import pytest
 from dit_service.app import create_dit_app
 from dit_service.metrics import DitMetrics
 from dit_service.settings import DitSettings
+from services.dtype import default_dtype
 from services.metrics import new_registry
 from shared.capabilities import DitCapabilities
 from tests.dit_service.handoff_requests import complete_handoff, hidden_rows, post_handoff, scrape
@@ -66,7 +67,12 @@ def test_ready_only_after_warm_up_and_metrics_are_exported(dit_server):
     names = {name for name, _ in samples}
     assert not [family for family in REQUIRED_FAMILIES if family not in names]
     [info] = [dict(labels) for name, labels in samples if name == "ardit_dit_build_info"]
-    assert info["dtype"] == "float32" and info["device"] == "cpu" and info["model"] == "tiny-ar" and info["version"]
+    assert (
+        info["dtype"] == default_dtype("cpu")
+        and info["device"] == "cpu"
+        and info["model"] == "tiny-ar"
+        and info["version"]
+    )
     assert samples[("ardit_dit_images_total", frozenset({("format", "png")}))] >= 1
     # No label carries a request id.
     assert not [labels for _, labels in samples if any("req_" in value for _, value in labels)]

@@ -361,8 +361,11 @@ def test_one_job_leaving_does_not_disturb_the_others(runner):
     gone.set()
     results, frames = run_batch(runner, batch, {"req_1": gone})
     assert isinstance(results[1], RenderCancelled) and not frames["req_1"]
+    # The others go on as a batch of two, which rounds as a batch of another size does (TOLERANCE); at
+    # 0f96938 this compared bytes, and failed on this machine's oneDNN at 1 level.
     for request_id in ("req_0", "req_2"):
-        assert frames[request_id][-1].data == reference[request_id][-1].data
+        got, expected = pixels(frames[request_id][-1].data), pixels(reference[request_id][-1].data)
+        assert np.abs(got.astype(int) - expected.astype(int)).max() <= TOLERANCE
 
 
 def test_only_jobs_that_share_the_loop_share_a_batch(runner):

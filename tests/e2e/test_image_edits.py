@@ -3,9 +3,9 @@ multipart upload on the AR, the image and mask through the handoff, img2img / in
 
 The default DiT is a random tiny Qwen-Image: its VAE does not reproduce images, so what strength
 and masks guarantee is measured against that VAE's own round trip, in pixels:
-- strength 0: the answer is the input's VAE round trip (measured at 64-256 px on noise and
-  gradients: plain diffusers' encode → decode to within one level on at most 0.01% of the pixels,
-  from the normalise / denormalise arithmetic; hence ROUND_TRIP_TOLERANCE);
+- strength 0: the answer is the input's VAE round trip as the edit pipelines make it (encode, normalise
+  the latents, denormalise, decode, in the DiT's dtype), to within one level (fp32 measured at 64-256 px
+  on noise and gradients: at most 0.01% of the pixels off by one; hence ROUND_TRIP_TOLERANCE);
 - a mask: every pixel outside it is the input's own, exactly (0 levels: the DiT pastes the input
   back outside the mask, as diffusers' apply_overlay does), whatever the VAE does to it.
 """
@@ -89,12 +89,18 @@ def pixels_of(b64: str) -> np.ndarray:
 
 
 def diffusers_round_trip(pixels: np.ndarray) -> np.ndarray:
-    """The input through the DiT's VAE and back, with plain diffusers (the latent's mode)."""
-    vae = AutoencoderKLQwenImage.from_pretrained(str(dit_settings().model_dir / "vae"))
+    """The input through the DiT's VAE and back with plain diffusers (the latent's mode), with the edit pipelines'
+    latent normalisation in between, in the DiT's dtype (in bf16 that arithmetic alone moves pixels by ~10 levels)."""
+    dtype = getattr(torch, dit_settings().torch_dtype_name)
+    vae = AutoencoderKLQwenImage.from_pretrained(str(dit_settings().model_dir / "vae"), dtype=dtype)
+    shape = (1, vae.config.z_dim, 1, 1, 1)
+    mean = torch.tensor(vae.config.latents_mean).view(shape).to(dtype)
+    inverse_std = (1.0 / torch.tensor(vae.config.latents_std)).view(shape).to(dtype)
     processor = VaeImageProcessor(vae_scale_factor=16)
     with torch.no_grad():
-        x = processor.preprocess(Image.fromarray(pixels)).unsqueeze(2)
-        decoded = vae.decode(vae.encode(x).latent_dist.mode()).sample[:, :, 0]
+        x = processor.preprocess(Image.fromarray(pixels)).unsqueeze(2).to(dtype)
+        normalised = (vae.encode(x).latent_dist.mode() - mean) * inverse_std
+        decoded = vae.decode(normalised / inverse_std + mean).sample[:, :, 0]
     return np.asarray(processor.postprocess(decoded, output_type="pil")[0]).astype(int)
 
 

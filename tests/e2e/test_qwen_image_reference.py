@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import base64
 import io
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
+import openai
 import pytest
 import torch
 from diffusers.pipelines.qwenimage.pipeline_qwenimage import QwenImagePipeline
@@ -245,6 +247,26 @@ def test_bf16_rows_reach_the_dit_bitwise_as_the_engine_captured_them(pair, monke
     assert stream.rows.shape[1] == width and stream.rows.nbytes == stream.rows.shape[0] * width * 2
     assert torch.equal(torch.cat(sent), stream.rows)
     assert torch.equal(seen.rows(), stream.rows[stream.prefix_tokens : stream.answer_start_index])
+
+
+@pytest.mark.parametrize("pair", ["float32"], indirect=True)
+def test_a_prompt_of_the_dits_most_rows_is_encoded_whole_and_one_row_more_is_a_400(pair, reference):
+    pipeline = reference[torch.float32]
+    most = pair.ar.call(pair.ar.app.state.runtime.readiness.require())[0].limits.max_conditioning_rows
+    drop = pipeline.prompt_template_encode_start_idx
+
+    def rows_of(words: int) -> int:
+        return len(pipeline.tokenizer(pipeline.prompt_template_encode.format("red " * words))["input_ids"]) - drop
+
+    words = next(w for w in itertools.count(most - 16) if rows_of(w) == most)
+    _, seen, _ = pair.generate("red " * words, guidance_scale=1.0)
+    check_rows(seen.rows(), encoded(pipeline, "red " * words))
+    assert seen.rows().shape[0] == most == 512
+    with pytest.raises(openai.BadRequestError) as refused:
+        pair.generate("red " * (words + 1), guidance_scale=1.0)
+    assert isinstance(refused.value.body, dict)
+    assert (refused.value.body["param"], refused.value.body["code"]) == ("prompt", "context_length_exceeded")
+    assert f"is {most + 1} tokens; the image model takes at most {most}" in refused.value.body["message"]
 
 
 # --- each check fails on what a defect would produce -----------------------------------------------------

@@ -119,9 +119,9 @@ def test_a_prompt_over_a_token_limit_refuses_a_stream_with_a_400(stack):
 
 def test_keep_alive_comments_arrive_during_a_long_silent_render(stack):
     # At the default keep-alive interval (10 s): the largest size the DiT takes, no previews, so nothing
-    # but keep-alives is sent for the 30 s or so the render takes here (at least two intervals).
+    # but keep-alives is sent for the 30 s or so the render takes here in bf16 (at least two intervals).
     keepalive = stack.settings.sse_keepalive_seconds
-    body = {"prompt": "a slow one", "size": "1440x1440", "num_inference_steps": 20, "stream": True, "seed": 2}
+    body = {"prompt": "a slow one", "size": "1440x1440", "num_inference_steps": 40, "stream": True, "seed": 2}
     silent = []
     started = time.monotonic()
     with httpx.stream(

@@ -4,6 +4,13 @@ On a hit, the rows of cached blocks are not recomputed: they are read back from 
 They must equal the rows the miss computed, exactly, and every run must still give one row per
 token (but the last). vLLM caches whole blocks and never the last prompt token, so a hit covers
 (P - 1) // B * B tokens; a prompt of exactly k blocks recomputes its whole last block.
+
+In fp32 the rows computed after the cached blocks equal the miss's too (within the kernels' 1e-4), and
+so do the generated tokens. In bf16 they are computed in a batch of another shape, which rounds
+differently: each prompt row within 2^-6 of its largest value (measured: 0.3% at most) and at a cosine of
+0.9999 or more (neighbouring rows of one prompt: 0.25-0.72), and a generated token may differ
+(benchmarks/results/bf16_hit_miss.md measures what it does to conditioning and pictures). Two cold runs of one
+prompt are bitwise equal in either dtype.
 """
 
 from __future__ import annotations
@@ -33,6 +40,8 @@ def check_miss_then_hit(call, engine: HiddenStateEngine, prompt_len: int, seed: 
     salt = uuid.uuid4().hex  # a fresh cache namespace: the first run is a verified miss
     miss: EngineRun = call(run_engine(engine, prompt, max_new_tokens=3, cache_salt=salt))
     hit: EngineRun = call(run_engine(engine, prompt, max_new_tokens=3, cache_salt=salt))
+    cold: EngineRun = call(run_engine(engine, prompt, max_new_tokens=3, cache_salt=uuid.uuid4().hex))
+    assert torch.equal(cold.rows, miss.rows) and cold.finished.token_ids == miss.finished.token_ids
 
     assert miss.finished.cached_tokens == 0
     assert hit.finished.cached_tokens == expected_cached(prompt_len, block)
@@ -42,18 +51,37 @@ def check_miss_then_hit(call, engine: HiddenStateEngine, prompt_len: int, seed: 
     cached = hit.finished.cached_tokens
     # Reconstructed rows are the very bytes the miss wrote into those blocks.
     assert torch.equal(hit.rows[:cached], miss.rows[:cached])
-    assert torch.allclose(hit.rows, miss.rows, atol=1e-4, rtol=1e-5)
-    assert hit.finished.token_ids == miss.finished.token_ids
+    check_computed_alike(hit, miss, engine, prompt_len)
     # vLLM counts a prompt of exactly k blocks as creating its recomputed last block too.
     assert miss.finished.cache_creation_tokens == prompt_len // block * block
 
 
+def check_computed_alike(run: EngineRun, other: EngineRun, engine: HiddenStateEngine, prompt_len: int) -> None:
+    """Two runs of one prompt computed in batches of different shapes: fp32 rows and tokens alike; bf16 prompt
+    rows alike within bf16's rounding."""
+    if engine.dtype == torch.float32:
+        assert torch.allclose(run.rows, other.rows, atol=1e-4, rtol=1e-5)
+        assert run.finished.token_ids == other.finished.token_ids
+        return
+    rows, others = run.rows[:prompt_len].float(), other.rows[:prompt_len].float()
+    assert ((rows - others).abs().amax(-1) <= 2**-6 * rows.abs().amax(-1)).all()
+    assert torch.nn.functional.cosine_similarity(rows, others, dim=-1).min().item() >= 0.9999
+
+
+@pytest.fixture(params=["default", "float32"])
+def engine_and_call(request, stack, fp32_engine):
+    """The stack's engine (this machine's default dtype) and the fp32 one."""
+    if request.param == "float32":
+        return fp32_engine.engine, fp32_engine.call
+    return stack.runtime.engine, stack.ar.call
+
+
 @pytest.mark.parametrize("offset", [-1, 0, 1])
 @pytest.mark.parametrize("blocks", [1, 2])
-def test_miss_then_hit_default_block(stack, blocks, offset):
-    engine = stack.runtime.engine
+def test_miss_then_hit_default_block(engine_and_call, blocks, offset):
+    engine, call = engine_and_call
     assert engine.block_size == 128  # vLLM's CPU default
-    check_miss_then_hit(stack.ar.call, engine, blocks * 128 + offset, seed=blocks * 10 + offset)
+    check_miss_then_hit(call, engine, blocks * 128 + offset, seed=blocks * 10 + offset)
 
 
 @pytest.fixture(scope="module")
@@ -87,8 +115,8 @@ def test_chunked_prefill_streams_prompt_rows_over_several_steps(small_block_engi
     assert run.rows.shape[0] == 131 and run.row_token_ids == run.finished.token_ids[:-1]
 
 
-def test_warm_and_cold_together_get_their_own_counts_and_rows(stack):
-    engine, call = stack.runtime.engine, stack.ar.call
+def test_warm_and_cold_together_get_their_own_counts_and_rows(engine_and_call):
+    engine, call = engine_and_call
     salt = uuid.uuid4().hex
     warm_prompt, cold_prompt = token_prompt(300, 7), token_prompt(300, 8)  # first blocks differ
     warm_alone = call(run_engine(engine, warm_prompt, max_new_tokens=4, cache_salt=salt))
@@ -104,11 +132,9 @@ def test_warm_and_cold_together_get_their_own_counts_and_rows(stack):
 
     assert warm.finished.cached_tokens == expected_cached(300, 128)
     assert cold.finished.cached_tokens == 0
-    assert warm.finished.token_ids == warm_alone.finished.token_ids
-    assert cold.finished.token_ids == cold_alone.finished.token_ids
     assert torch.equal(warm.rows[:256], warm_alone.rows[:256])  # reconstructed rows
-    torch.testing.assert_close(warm.rows, warm_alone.rows, atol=1e-4, rtol=1e-5)
-    torch.testing.assert_close(cold.rows, cold_alone.rows, atol=1e-4, rtol=1e-5)
+    check_computed_alike(warm, warm_alone, engine, 300)
+    check_computed_alike(cold, cold_alone, engine, 300)
     assert warm.rows.shape[0] == cold.rows.shape[0] == 300 + 4 - 1
 
 
