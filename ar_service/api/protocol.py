@@ -188,8 +188,8 @@ class ImageRequest(_Request):
     )
     negative_prompt: Annotated[StrictStr, Field(max_length=MAX_PROMPT_CHARS)] | None = Field(
         None,
-        description="What CFG steers away from (default `ARDIT_AR_DEFAULT_NEGATIVE_PROMPT`); ignored, and not "
-        "encoded, when `guidance_scale` is 1 or less.",
+        description="What CFG steers away from (default: `ARDIT_AR_DEFAULT_NEGATIVE_PROMPT`, else the DiT's, its "
+        "model card's; Qwen-Image's `\" \"`); ignored, and not encoded, when `guidance_scale` is 1 or less.",
     )
     max_new_tokens: Annotated[Integer, Field(ge=1)] | None = Field(
         None,
