@@ -99,7 +99,7 @@ def create_ar_app(settings: ArSettings) -> FastAPI:
         # A url image's name is its credential: its fetches get no span (nor an access-log name, see __main__).
         untraced_paths=("/v1/images/" + IMAGE_NAME,),
         gate=lambda inner: _gate(inner, settings, metrics, keys),
-        door=_door(settings, metrics, keys, admission, readiness, drain),
+        door=lambda inner: _door(inner, settings, metrics, keys, admission, readiness, drain),
         slow_readers=SlowReaders(
             Families(metrics.app.registry, "ar"),
             send_timeout=settings.send_timeout_seconds,
@@ -115,6 +115,7 @@ def create_ar_app(settings: ArSettings) -> FastAPI:
 
 
 def _door(
+    inner: ASGIApp,
     settings: ArSettings,
     metrics: ArMetrics,
     keys: BearerAuth,
@@ -125,6 +126,7 @@ def _door(
     """The image routes' admission door, in front of every other layer: a request the line has no room
     for is refused before anything else runs for it."""
     return AdmissionDoor(
+        inner,
         admission=admission,
         readiness=readiness,
         paths=IMAGE_ROUTES,

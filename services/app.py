@@ -13,13 +13,12 @@ import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from fastapi import FastAPI, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import ASGIApp, Receive, Scope, Send
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from services.app_metrics import AppMetrics
 from services.drain import Drain
@@ -39,12 +38,6 @@ class _Wrapped:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._wrapped(scope, receive, send)
-
-
-class ProtocolLayer(Protocol):
-    """Something the server installs in its HTTP protocol (``services.serve``): a door, a guard."""
-
-    def protocol(self, base: type[HttpToolsProtocol]) -> type[HttpToolsProtocol]: ...
 
 
 @dataclass(frozen=True)
@@ -73,21 +66,18 @@ def create_app(
     admitted_while_draining: Callable[[Scope], bool] = lambda scope: False,
     untraced_paths: Iterable[str] = (),  # regular expressions, each matching a whole path
     gate: Callable[[ASGIApp], ASGIApp] | None = None,
-    door: ProtocolLayer | None = None,
+    door: Callable[[ASGIApp], ASGIApp] | None = None,
     slow_readers: SlowReaders | None = None,
 ) -> FastAPI:
     """``gate`` wraps the app inside the request-id layer (so its refusals carry the id too), and
     ``drain``'s gate wraps that (``admitted_while_draining``: what must still come in while draining);
-    ``door`` decides in front of everything, in the HTTP protocol ``services.serve`` runs (an app served
-    otherwise, by an in-process ASGI test client say, has none) before a request's task starts: a
-    decision that must cost next to nothing for hundreds of requests at once (the AR's admission),
-    whose answers it writes, counts, ids and logs itself. ``fatal``, ``drain``, ``slow_readers`` and
-    ``door`` go on ``app.state``, where ``services.serve`` finds them."""
+    ``door`` wraps everything, traces and metrics included: a decision that must cost next to nothing for
+    hundreds of requests at once (the AR's admission), whose answers it writes, counts, ids and logs itself.
+    ``fatal``, ``drain`` and ``slow_readers`` go on ``app.state``, where ``services.serve`` finds them."""
     app = FastAPI(title=title, lifespan=lifespan)
     app.state.fatal = fatal
     app.state.drain = drain
     app.state.slow_readers = slow_readers
-    app.state.door = door
     install_error_handlers(app, app_metrics.count_error)
     if gate is not None:
         app.add_middleware(_Wrapped, wrap=gate)
@@ -104,6 +94,8 @@ def create_app(
     app.add_middleware(RequestIdMiddleware)
     app_metrics.install(app)
     instrument_app(app, (*(re.escape(path) for path in PROBE_PATHS), *untraced_paths))
+    if door is not None:
+        app.add_middleware(_Wrapped, wrap=door)
     _add_probes(app, readiness, drain, app_metrics)
     _document_400_not_422(app)
     return app

@@ -1,9 +1,9 @@
 """Running a service's app under uvicorn until it stops: 0 when asked to, ``EXIT_CODE`` when fatal.
 
 ``server`` is the one uvicorn configuration every service runs with (the test suite's servers too):
-its HTTP protocol is uvicorn's httptools one, which reports stalled readers to the app's
-``SlowReaders`` and runs the app's door (the AR's admission) before each request's task, when the
-app has them; and a SIGTERM drains the app (``services.drain``) before the server stops, then exits 0.
+uvicorn's httptools HTTP protocol, reporting its connections' write pauses to the app's ``SlowReaders``
+when it has one (through asyncio's flow-control callbacks, on the protocol class uvicorn's ``Config``
+loads); and a SIGTERM drains the app (``services.drain``) before the server stops, then exits 0.
 """
 
 from __future__ import annotations
@@ -16,9 +16,7 @@ from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from services.app import ProtocolLayer
 from services.drain import Drain
 from services.fatal import EXIT_CODE, Fatal
 from services.slow_readers import SlowReaders
@@ -53,16 +51,18 @@ class DrainingServer(uvicorn.Server):
 
 
 def server(app: FastAPI, host: str, port: int) -> DrainingServer:
-    guard: SlowReaders | None = getattr(app.state, "slow_readers", None)
-    door: ProtocolLayer | None = getattr(app.state, "door", None)
-    http = HttpToolsProtocol
-    if guard is not None:
-        http = guard.protocol(http)
-    if door is not None:
-        http = door.protocol(http)
     config = uvicorn.Config(
-        app, host=host, port=port, http=http, log_config=None, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS
+        app,
+        host=host,
+        port=port,
+        http="httptools",
+        log_config=None,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
     )
+    guard: SlowReaders | None = getattr(app.state, "slow_readers", None)
+    if guard is not None:
+        config.load()  # uvicorn's server does not load it again
+        config.http_protocol_class = guard.protocol(config.http_protocol_class)
     return DrainingServer(config, getattr(app.state, "drain", None))
 
 

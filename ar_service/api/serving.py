@@ -139,38 +139,35 @@ class ImageServing:
     async def create_images(self, body: ImageGenerationRequest, raw_request: Request) -> ImagesAnswer | ImageEvents:
         received_at = time.perf_counter()
         with _left_on_failure(take_place(raw_request)) as place:
-            dit, capacity = await self.readiness.require()
+            dit, _ = await self.readiness.require()
             valid = self.validator.generation(
                 body, raw_request.state.request_id, received_at, dit, _tenant(raw_request)
             )
-        return await self._serve(valid, place, capacity, raw_request)
+        return await self._serve(valid, place, raw_request)
 
     async def create_edit(self, raw_request: Request) -> ImagesAnswer | ImageEvents:
         received_at = time.perf_counter()
         with _left_on_failure(take_place(raw_request)) as place:
-            valid, capacity = await self._valid_edit(raw_request, received_at)
-        return await self._serve(valid, place, capacity, raw_request)
+            valid = await self._valid_edit(raw_request, received_at)
+        return await self._serve(valid, place, raw_request)
 
-    async def _valid_edit(self, raw_request: Request, received_at: float) -> tuple[ValidGeneration, int]:
+    async def _valid_edit(self, raw_request: Request, received_at: float) -> ValidGeneration:
         """The edit checked and decoded; its uploaded files (up to the edit body cap) are not kept past here."""
         form = await read_edit_form(raw_request)
-        dit, capacity = await self.readiness.require()
-        valid = await self.validator.edit(form, raw_request.state.request_id, received_at, dit, _tenant(raw_request))
-        return valid, capacity
+        dit, _ = await self.readiness.require()
+        return await self.validator.edit(form, raw_request.state.request_id, received_at, dit, _tenant(raw_request))
 
     async def _serve(
-        self, valid: ValidGeneration, place: AdmissionPlace | None, capacity: int, raw_request: Request
+        self, valid: ValidGeneration, place: AdmissionPlace, raw_request: Request
     ) -> ImagesAnswer | ImageEvents:
-        # Every refusal known before any work is an HTTP status, in stream mode too: 429 at the door
-        # (admission decides at arrival), then 404 / 503 / 400 (validation); an admitted request may wait its turn.
+        # Every refusal known before any work is an HTTP status, in stream mode too: 429 or 503 at the door
+        # (admission decides at arrival), then 404 / 400 (validation); an admitted request may wait its turn.
         try:
-            place = place or self.admission.enter(capacity)  # the door let it through before the pair was ready
             turn = place.turn()
             async with self.drain.bounded():  # a replica that is shutting down stops waiting at its deadline
                 ticket = await (turn if place.started else cancel_on_disconnect(raw_request, turn))
         except BaseException:
-            if place is not None:
-                place.leave()
+            place.leave()
             valid.release()
             raise
         if valid.response.stream:
@@ -345,13 +342,12 @@ def _tenant(raw_request: Request) -> str | None:
 
 
 @contextmanager
-def _left_on_failure(place: AdmissionPlace | None) -> Iterator[AdmissionPlace | None]:
+def _left_on_failure(place: AdmissionPlace) -> Iterator[AdmissionPlace]:
     """A request refused before it is served gives its admission place back."""
     try:
         yield place
     except BaseException:
-        if place is not None:
-            place.leave()
+        place.leave()
         raise
 
 

@@ -1,14 +1,14 @@
-"""The image routes' door, in a real uvicorn server as ``services.serve`` runs it: a request takes its
-admission place once its head is parsed; the line's refusals are written, counted, given an id and
-logged together there, without a task or the app; a place nobody took is given back; and what the
-door cannot decide alone goes on to the layers behind it."""
+"""The image routes' door, the AR's outermost ASGI layer, in a real uvicorn server as ``services.serve`` runs it:
+a request takes its admission place as it arrives; the line's refusals are written, counted, given an id and
+logged together there, before the app; a request before the pair is known ready waits for the probe and is
+answered 503 if it is not; a place nobody took is given back; and what the door cannot decide alone goes on
+to the layers behind it."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import socket
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -19,24 +19,19 @@ import pytest
 from aiohttp import web
 from fastapi import FastAPI, Request
 from prometheus_client import CollectorRegistry
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ar_service.admission import AdmissionPlace, RequestAdmission
 from ar_service.api import admission_door
-from ar_service.api.admission_door import (
-    BURST_HOLD_SECONDS,
-    BURST_QUIET_SECONDS,
-    REFUSAL_LOG_SECONDS,
-    AdmissionDoor,
-    take_place,
-)
+from ar_service.api.admission_door import AdmissionDoor, take_place
 from ar_service.dit_pool import DitPool
 from ar_service.metrics import ArMetrics
 from ar_service.readiness import ArReadiness
 from services.app_metrics import AppMetrics
 from services.auth import BearerAuth
 from services.drain import Drain
-from services.errors import ApiError
+from services.metrics import Families
+from services.slow_readers import SlowReaders
 from tests.support.capabilities import DIT
 from tests.support.fake_dit import fake_dit, ready
 from tests.support.launched_pair import wait_for
@@ -88,6 +83,7 @@ class Served:
     admission: RequestAdmission
     metrics: AppMetrics
     behind: Behind
+    guard: CollectorRegistry  # the slow-readers guard's metrics
 
     @property
     def url(self) -> str:
@@ -104,6 +100,20 @@ class Served:
         self.server.call(take_slots())
 
 
+def door_kwargs(
+    admission: RequestAdmission, readiness: ArReadiness, metrics: AppMetrics, *, keys: list[str], **overrides
+) -> dict:
+    return {
+        "admission": admission,
+        "readiness": readiness,
+        "paths": [IMAGES],
+        "auth": BearerAuth(keys, what="API key", missing_code="missing_api_key", invalid_code="invalid_api_key"),
+        "drain": Drain(60.0),
+        "metrics": metrics,
+        "internal_port": None,
+    } | overrides
+
+
 @contextmanager
 def served(
     *,
@@ -114,10 +124,11 @@ def served(
     take: bool = False,
     hold: float = 0.0,
     send_buffer_bytes: int | None = None,
+    send_timeout: float | None = None,
 ) -> Iterator[Served]:
     """The door in front of a small app, served as the AR is served (``internal``: the server's own port
     is the AR's internal one; ``hold``: seconds the app takes over each request; ``send_buffer_bytes``: the
-    kernel's send buffer of each connection)."""
+    kernel's send buffer of each connection; ``send_timeout``: a slow-readers guard with that timeout)."""
     readiness = asyncio.run(ready_pair(engine_ready))
     admission = RequestAdmission(max_queued=max_queued, max_wait=60.0, metrics=ArMetrics(CollectorRegistry()))
     metrics, behind = AppMetrics(CollectorRegistry(), "ar"), Behind(take=take)
@@ -130,22 +141,31 @@ def served(
         behind.calls.append(request.url.path)
         await asyncio.sleep(hold)
         if behind.take:
-            behind.taken.append(take_place(request))
+            behind.taken.append(request.scope.get("state", {}).get("admission_place"))
+            if behind.taken[-1] is not None:
+                take_place(request)
         return {}
 
     port = free_port()
-    app.state.door = AdmissionDoor(
-        admission=admission,
-        readiness=readiness,
-        paths=[IMAGES],
-        auth=BearerAuth([KEY], what="API key", missing_code="missing_api_key", invalid_code="invalid_api_key"),
-        drain=drain or Drain(60.0),
-        metrics=metrics,
-        internal_port=port if internal else None,
+    app.add_middleware(
+        AdmissionDoor,
+        **door_kwargs(
+            admission,
+            readiness,
+            metrics,
+            keys=[KEY],
+            drain=drain or Drain(60.0),
+            internal_port=port if internal else None,
+        ),
     )
+    guard = CollectorRegistry()
+    if send_timeout is not None:
+        app.state.slow_readers = SlowReaders(
+            Families(guard, "t"), send_timeout=send_timeout, max_responses=64, max_bytes=1 << 30
+        )
     server = LiveServer(app, port, send_buffer_bytes).start()
     try:
-        yield Served(server, admission, metrics, behind)
+        yield Served(server, admission, metrics, behind, guard)
     finally:
         server.stop()
 
@@ -200,17 +220,17 @@ def test_a_refusal_closes_a_connection_its_client_asked_to_close():
     assert answer.startswith(b"HTTP/1.1 429 ") and b"\r\nconnection: close\r\n" in answer.lower()
 
 
-def test_refusals_pipelined_behind_a_served_request_are_each_answered_in_turn():
-    """Hundreds of requests queued behind one the app serves are refused one after another as uvicorn takes
-    them off its queue: not one inside the other (Python's recursion limit), none lost."""
+def test_refusals_pipelined_on_one_connection_are_each_answered_in_turn():
+    """Hundreds of requests sent at once on one connection are refused one after another, none lost, and the
+    request after them is served (the server takes a connection's requests one at a time)."""
     post = f"POST {IMAGES} HTTP/1.1\r\nHost: ar\r\nAuthorization: Bearer {KEY}\r\nContent-Length: 2\r\n\r\n{{}}"
     close = "GET /v1/models HTTP/1.1\r\nHost: ar\r\nConnection: close\r\n\r\n"
-    with served(hold=0.3) as pair:
-        pair.fill(free=1)
-        answer = raw(pair.url, (post * 600 + close).encode())
-        assert answer.count(b"HTTP/1.1 200 OK") == 2 and answer.count(b"HTTP/1.1 429 ") == 599
-        assert answer.index(b"HTTP/1.1 429 ") > answer.index(b"HTTP/1.1 200 OK")
-        assert pair.behind.calls == [IMAGES, "/v1/models"]
+    with served() as pair:
+        pair.fill()
+        answer = raw(pair.url, (post * 600 + close).encode(), timeout=60.0)
+        assert answer.count(b"HTTP/1.1 429 ") == 600 and answer.count(b"HTTP/1.1 200 OK") == 1
+        assert answer.index(b"HTTP/1.1 200 OK") > answer.rindex(b"HTTP/1.1 429 ")
+        assert pair.behind.calls == ["/v1/models"]
 
 
 @pytest.mark.slow
@@ -227,34 +247,38 @@ def test_a_request_right_behind_a_refusal_on_its_connection_is_not_cut_by_the_id
     assert answer.startswith(b"HTTP/1.1 429 ") and b"HTTP/1.1 200 OK" in answer
 
 
-def test_requests_after_a_refusal_that_closed_the_connection_are_not_started():
+def test_a_client_waiting_to_send_its_body_is_refused_with_the_connection_closed():
     """A client waiting to send its body (``Expect: 100-continue``) has its connection closed with the
-    refusal; what it sent after that on the connection is not served."""
+    refusal: what it sent after that on the connection is not served."""
     refused = f"POST {IMAGES} HTTP/1.1\r\nHost: ar\r\nAuthorization: Bearer {KEY}\r\nExpect: 100-continue\r\n"
     after = "GET /v1/models HTTP/1.1\r\nHost: ar\r\n\r\n"
     with served() as pair:
         pair.fill()
         answer = raw(pair.url, f"{refused}Content-Length: 2\r\n\r\n{{}}{after}".encode())
         assert answer.startswith(b"HTTP/1.1 429 ") and answer.count(b"HTTP/1.1 ") == 1
-        assert pair.behind.calls == []
+        assert b"\r\nconnection: close\r\n" in answer.lower() and pair.behind.calls == []
 
 
-def test_a_client_that_stopped_reading_its_refusals_has_its_connection_closed_not_its_answers_queued():
-    """Refusals written to a client that reads nothing fill the kernel's buffers, then the transport's; once
-    the transport pauses writing, the next refusal closes the connection instead of queueing more answers
-    in the server's memory for a reader that may never come."""
+def cut(pair: Served) -> float:
+    return pair.guard.get_sample_value("ardit_t_slow_readers_closed_total", {"reason": "send_timeout"}) or 0.0
+
+
+def test_a_client_that_stopped_reading_its_refusals_is_cut_off_not_answered_without_end():
+    """Refusals written to a client that reads nothing fill the kernel's buffers, then the transport's; the next
+    refusal waits like any answer, and the slow-readers guard cuts the client off after its send timeout
+    instead of queueing answers for a reader that may never come."""
     pipelined = 2000
     post = f"POST {IMAGES} HTTP/1.1\r\nHost: ar\r\nAuthorization: Bearer {KEY}\r\nContent-Length: 2\r\n\r\n{{}}"
-    with served(send_buffer_bytes=4096) as pair:
+    with served(send_buffer_bytes=4096, send_timeout=0.5) as pair:
         pair.fill()
         host, port = pair.url.removeprefix("http://").split(":")
         connection = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         connection.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        connection.settimeout(10.0)  # past uvicorn's 5 s keep-alive: a kept connection ends in EOF too
+        connection.settimeout(30.0)  # a hang guard
         with connection:
             connection.connect((host, int(port)))
             connection.sendall(post.encode() * pipelined)
-            time.sleep(1.0)  # the server answers what it read while nothing is read here
+            wait_for(lambda: cut(pair) == 1, 30, "the client is cut off")
             answer = b""
             try:
                 while chunk := connection.recv(65536):
@@ -272,155 +296,114 @@ def test_refusals_are_logged_together_not_one_line_each(caplog):
         pair.fill()
         for _ in range(5):
             assert httpx.post(f"{pair.url}{IMAGES}", json={}, headers=AUTH).status_code == 429
-        time.sleep(REFUSAL_LOG_SECONDS + 0.5)
+        wait_for(lambda: any(r.name == "ardit.ar.admission_door" for r in caplog.records), 30, "the log line")
     lines = [record.getMessage() for record in caplog.records if record.name == "ardit.ar.admission_door"]
     assert len(lines) == 1 and "refused 5 image request(s)" in lines[0] and "the queue is full" in lines[0]
 
 
-async def door_with_one_slot(max_queued: int) -> AdmissionDoor:
-    """The door of a ready pair with every slot but one taken and a line of ``max_queued``, keys off."""
+async def door_with_one_slot(max_queued: int, app: ASGIApp) -> AdmissionDoor:
+    """The door of a ready pair with every slot but one taken and a line of ``max_queued``, keys off, before
+    ``app``."""
     admission = RequestAdmission(max_queued=max_queued, max_wait=60.0, metrics=ArMetrics(CollectorRegistry()))
     for _ in range(DIT.capacity.max_outstanding - 1):
         admission.enter(DIT.capacity.max_outstanding)
-    return AdmissionDoor(
-        admission=admission,
-        readiness=await ready_pair(),
-        paths=[IMAGES],
-        auth=BearerAuth([], what="API key", missing_code="missing_api_key", invalid_code="invalid_api_key"),
-        drain=Drain(60.0),
-        metrics=AppMetrics(CollectorRegistry(), "ar"),
-        internal_port=None,
-    )
+    metrics = AppMetrics(CollectorRegistry(), "ar")
+    return AdmissionDoor(app, **door_kwargs(admission, await ready_pair(), metrics, keys=[]))
 
 
 async def disconnected() -> Message:
     return {"type": "http.disconnect"}
 
 
-async def ignored(message: Message) -> None:
-    pass
+def image_request() -> Scope:
+    return {"type": "http", "method": "POST", "path": IMAGES, "headers": [], "state": {}}
+
+
+class Events(list):
+    """What happened, in order: ``work`` when the app behind started a request, the status of each answer the
+    door wrote itself."""
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.append(message["status"])
+
+    async def work(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.append("work")
+        take_place(Request(scope))  # kept: the line stays as full as it was
 
 
 def test_admitted_requests_go_on_to_their_work_one_per_loop_pass_so_a_refusal_waits_behind_at_most_one():
-    """Refusals are written as their bytes are read, between loop passes; here they are read two passes
-    after four admitted requests: one of those may have done its work by then, not all four."""
+    """Four requests admitted (the free slot and a line of three), then three refused two passes later: one of
+    the four may have started its work by then, not all four."""
 
-    async def scenario() -> list[object]:
-        door = await door_with_one_slot(max_queued=3)  # one slot free, and a line of three
-        events: list[object] = []
-
-        async def work(scope: Scope, receive: Receive, send: Send) -> None:
-            events.append("work")
-            take_place(Request(scope))  # kept: the line stays as full as it was
-
-        def arrive() -> tuple[int, Scope] | None:
-            scope: Scope = {"type": "http", "method": "POST", "path": IMAGES, "headers": [], "state": {}}
-            entered = door.enter(scope)
-            if isinstance(entered, ApiError):
-                events.append(entered.status)  # written at once, where the door reads it
-                return None
-            scope["state"]["admission_place"] = entered
-            return door.arrivals, scope
-
-        arrived = [scope for scope in (arrive() for _ in range(4)) if scope is not None]
-        admitted = [
-            asyncio.create_task(door.go_on(work, arrival, scope, disconnected, ignored)) for arrival, scope in arrived
-        ]
+    async def scenario() -> Events:
+        events = Events()
+        door = await door_with_one_slot(max_queued=3, app=events.work)
+        arrive = [asyncio.create_task(door(image_request(), disconnected, events.send)) for _ in range(4)]
         await asyncio.sleep(0)
         await asyncio.sleep(0)
-        for _ in range(3):
-            assert arrive() is None
-        await asyncio.gather(*admitted)
+        arrive += [asyncio.create_task(door(image_request(), disconnected, events.send)) for _ in range(3)]
+        await asyncio.gather(*arrive)
         return events
 
     events = asyncio.run(scenario())
     assert events[: events.index(429)].count("work") <= 1
-    assert events.count(429) == 3 and events[-1] != 429
-    assert events.count("work") == 4
+    assert events.count(429) == 3 and events.count("work") == 4
 
 
-async def door_in_a_burst(
-    arriving_seconds: float, until_work: bool = False
-) -> tuple[list[tuple[str, float]], float, float]:
+async def door_in_a_burst(passes: int | None) -> tuple[Events, int]:
     """One admitted request, then an arrival every loop pass (each refused: the pair is full and there is no
-    line) for ``arriving_seconds``, or, ``until_work``, until the admitted request's work has started. What
-    happened, with when (``work``, ``refused``), and the first and last arrivals' times."""
-    door = await door_with_one_slot(max_queued=0)
-    events: list[tuple[str, float]] = []
-
-    async def work(scope: Scope, receive: Receive, send: Send) -> None:
-        events.append(("work", time.monotonic()))
-        take_place(Request(scope))  # kept: the pair stays full
-
-    def arrive() -> AdmissionPlace | ApiError | None:
-        return door.enter({"type": "http", "method": "POST", "path": IMAGES, "headers": [], "state": {}})
-
-    place = arrive()
-    assert isinstance(place, AdmissionPlace)
-    scope: Scope = {
-        "type": "http",
-        "method": "POST",
-        "path": IMAGES,
-        "headers": [],
-        "state": {"admission_place": place},
-    }
-    admitted = asyncio.create_task(door.go_on(work, door.arrivals, scope, disconnected, ignored))
-    first = last = time.monotonic()
-    while time.monotonic() - first < arriving_seconds and not (
-        until_work and any(what == "work" for what, _ in events)
-    ):
+    line) for ``passes`` passes, or, with None, until the admitted request's work has started. What happened,
+    and how many arrived after the admitted one."""
+    events = Events()
+    door = await door_with_one_slot(max_queued=0, app=events.work)
+    admitted = asyncio.create_task(door(image_request(), disconnected, events.send))
+    refused = 0
+    while refused != passes:
         await asyncio.sleep(0)
-        assert isinstance(arrive(), ApiError)
-        last = time.monotonic()
-        events.append(("refused", last))
+        if passes is None and "work" in events:
+            break
+        await door(image_request(), disconnected, events.send)
+        refused += 1
     await admitted
-    return events, first, last
+    return events, refused
 
 
 def test_an_admitted_request_nobody_came_after_goes_on_at_once():
     """Its work starts within loop passes, with no wait for a quiet door."""
 
-    async def scenario() -> list[tuple[str, float]]:
-        door = await door_with_one_slot(max_queued=0)
-        place = door.enter({"type": "http", "method": "POST", "path": IMAGES, "headers": [], "state": {}})
-        worked: list[tuple[str, float]] = []
-
-        async def work(scope: Scope, receive: Receive, send: Send) -> None:
-            worked.append(("work", time.monotonic()))
-
-        scope: Scope = {"type": "http", "method": "POST", "path": IMAGES, "headers": [], "state": {}}
-        scope["state"]["admission_place"] = place
-        task = asyncio.create_task(door.go_on(work, door.arrivals, scope, disconnected, ignored))
+    async def scenario() -> bool:
+        events = Events()
+        door = await door_with_one_slot(max_queued=0, app=events.work)
+        task = asyncio.create_task(door(image_request(), disconnected, events.send))
         for _ in range(3):
             await asyncio.sleep(0)
-        assert task.done()
-        return worked
+        return task.done() and events == ["work"]
 
-    assert [what for what, _ in asyncio.run(scenario())] == ["work"]
+    assert asyncio.run(scenario())
 
 
 def test_the_work_a_burst_admits_waits_until_the_burst_is_answered(monkeypatch):
-    """Arrivals every loop pass for 5 ms: the admitted request's work starts after the last of them, once the
-    door has been quiet. The hold's cap is lifted here (a loaded machine's pause would reach it); the next
-    test checks it."""
+    """Arrivals every loop pass: the admitted request's work starts after the last of them, once the door has
+    been quiet. The hold's cap is lifted here (a loaded machine's pause would reach it); the next test checks it."""
     monkeypatch.setattr(admission_door, "BURST_HOLD_SECONDS", 60.0)
-    events, _, last = asyncio.run(door_in_a_burst(arriving_seconds=0.005))
-    assert [what for what, _ in events][-1] == "work"
-    assert events[-1][1] - last >= BURST_QUIET_SECONDS
+    events, refused = asyncio.run(door_in_a_burst(passes=200))
+    assert events == [429] * refused + ["work"]
 
 
-def test_a_flood_that_never_pauses_still_lets_admitted_work_through():
-    """Arrivals every loop pass until the work starts, or for 100 holds: it starts while they go on."""
-    events, first, last = asyncio.run(door_in_a_burst(arriving_seconds=100 * BURST_HOLD_SECONDS, until_work=True))
-    worked = next(when for what, when in events if what == "work")
-    assert worked <= last < first + 100 * BURST_HOLD_SECONDS  # the flood ended because the work started
+def test_a_flood_that_never_pauses_still_lets_admitted_work_through(monkeypatch):
+    """Arrivals every loop pass, with a quiet period no flood leaves: the work starts while they go on, once the
+    hold is over."""
+    monkeypatch.setattr(admission_door, "BURST_QUIET_SECONDS", 60.0)
+    events, refused = asyncio.run(door_in_a_burst(passes=None))
+    assert events[-1] == "work" and events.count(429) == refused > 0
 
 
 def test_a_place_the_app_did_not_take_is_given_back_when_the_request_ends():
     with served(max_queued=4) as pair:
         assert httpx.post(f"{pair.url}{IMAGES}", json={}, headers=AUTH).status_code == 200
         assert pair.behind.calls == [IMAGES]
-        wait_for(lambda: pair.admission.in_flight == 0, 2.0, "the place is given back once the request ends")
+        wait_for(lambda: pair.admission.in_flight == 0, 30, "the place is given back once the request ends")
 
 
 def test_a_place_the_app_took_is_the_apps_to_turn_into_a_slot():
@@ -438,15 +421,14 @@ def test_a_place_the_app_took_is_the_apps_to_turn_into_a_slot():
         assert (in_flight_after_the_request, pair.admission.in_flight) == (1, 0)
 
 
-@pytest.mark.parametrize("engine_ready", [False, True])
-def test_before_the_pair_is_known_ready_and_off_the_image_routes_requests_pass_without_a_place(engine_ready):
-    with served(engine_ready=engine_ready, take=True) as pair:
-        if not engine_ready:
-            assert httpx.post(f"{pair.url}{IMAGES}", json={}, headers=AUTH).status_code == 200
+def test_a_request_before_the_pair_is_ready_is_answered_503_at_the_door_and_other_routes_pass_without_a_place():
+    with served(engine_ready=False, take=True) as pair:
+        answer = httpx.post(f"{pair.url}{IMAGES}", json={}, headers=AUTH)
+        assert answer.status_code == 503 and answer.json()["error"]["code"] == "not_ready"
+        assert int(answer.headers["retry-after"]) >= 1 and pair.behind.calls == []
         assert httpx.get(f"{pair.url}/v1/models", headers=AUTH).status_code == 200
         assert httpx.get(f"{pair.url}{IMAGES}", headers=AUTH).status_code == 200
-        assert all(place is None for place in pair.behind.taken) and pair.behind.taken
-        assert pair.admission.in_flight == 0
+        assert pair.behind.taken == [None, None] and pair.admission.in_flight == 0
 
 
 @pytest.mark.parametrize("why", ["no key", "a wrong key", "draining", "the internal port"])
