@@ -61,11 +61,6 @@ def closed(sock: socket.socket) -> bool:
     return True
 
 
-def queue_seconds(server_timing: str) -> float:
-    stages = dict(part.strip().split(";dur=") for part in server_timing.split(",") if ";dur=" in part)
-    return float(stages["queue"]) / 1000
-
-
 def test_stalled_readers_hold_no_capacity_and_are_cut_off_after_the_send_timeout(stack):
     ar = stack.ar.url
     _, capacity = stack.ar.call(stack.runtime.readiness.require())
@@ -91,10 +86,10 @@ def test_stalled_readers_hold_no_capacity_and_are_cut_off_after_the_send_timeout
         assert sample(ar, "ardit_ar_slow_readers") + cut() == capacity
         assert sample(ar, "ardit_ar_slow_readers") >= 1 and sample(ar, "ardit_ar_slow_reader_bytes") > 0
         rss_stalled = psutil.Process().memory_info().rss
+        # The stalled hold no slot and no place in line: the requests that come now take free slots.
+        assert sample(ar, "ardit_ar_requests_in_flight") == sample(ar, "ardit_ar_requests_queued") == 0
         normal = [post(stack, prompt="a bell", num_inference_steps=2) for _ in range(3)]
         assert [r.status_code for r in normal] == [200] * 3
-        # Admitted at once, not behind the stalled ones.
-        assert max(queue_seconds(r.headers["server-timing"]) for r in normal) < 1.0
         wait_until(lambda: cut() == capacity, stack.settings.send_timeout_seconds + 30, "the stalled are cut off")
         for sock in stalled:
             assert closed(sock)

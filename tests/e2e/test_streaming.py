@@ -63,10 +63,8 @@ def full_pair(stack, monkeypatch):
 
 
 def test_a_full_queue_refuses_a_stream_with_a_429_the_client_raises(stack, full_pair):
-    started = time.monotonic()
-    with pytest.raises(openai.RateLimitError) as info:
+    with pytest.raises(openai.RateLimitError) as info:  # refused, not queued: a queued request is served
         stream(client_for(stack))
-    assert time.monotonic() - started < 5  # refused at once, not after a wait
     error_body = info.value.body
     assert isinstance(error_body, dict)
     assert info.value.status_code == 429 and error_body["code"] == "rate_limit_exceeded"
@@ -115,30 +113,3 @@ def test_a_prompt_over_a_token_limit_refuses_a_stream_with_a_400(stack):
         error_body = info.value.body
         assert isinstance(error_body, dict)
         assert (error_body["param"], error_body["code"]) == ("prompt", "context_length_exceeded"), words
-
-
-def test_keep_alive_comments_arrive_during_a_long_silent_render(stack):
-    # At the default keep-alive interval (10 s): the largest size the DiT takes, no previews, so nothing
-    # but keep-alives is sent for the 30 s or so the render takes here in bf16 (at least two intervals).
-    keepalive = stack.settings.sse_keepalive_seconds
-    body = {"prompt": "a slow one", "size": "1440x1440", "num_inference_steps": 40, "stream": True, "seed": 2}
-    silent = []
-    started = time.monotonic()
-    with httpx.stream(
-        "POST",
-        f"{stack.api_base}/images/generations",
-        json=body,
-        headers={"authorization": f"Bearer {API_KEY}"},
-        timeout=300,
-    ) as response:
-        assert response.headers["x-accel-buffering"] == "no"
-        lines = response.iter_lines()
-        for line in lines:
-            if line.startswith("event:"):
-                break
-            silent.append(line)
-        silence = time.monotonic() - started
-        assert line == "event: image_generation.completed"
-        list(lines)
-    comments = [line for line in silent if line.startswith(":")]
-    assert silence > keepalive and len(comments) >= int(silence // keepalive) - 1 >= 1, (silence, silent)

