@@ -1,25 +1,30 @@
-"""Admission of image requests against the capacity of the whole AR+DiT pair, decided at arrival.
+"""Admission of image requests against the capacity of the whole AR+DiT pair, decided at arrival, priced
+by the work each request asks for.
 
 A request is admitted once, here, before any engine work. At most ``capacity`` requests are in
 flight, where ``capacity`` is what the DiTs announced they hold (``DitCapacity.max_outstanding``):
-the AR never prefills a request the DiTs have no room for. A request beyond that waits, first come
-first served, if it can start within ``max_wait`` seconds by the pair's measured pace; otherwise it
-is refused with 429 at once, with ``Retry-After`` the time until it could be admitted. A request
-admitted to the queue is served: it leaves the queue only to start, or when its client leaves.
+the AR never prefills a request the DiTs have no room for. A request beyond that waits in line,
+first come first served.
 
-The pace is the mean time between completions while requests wait in line (over the last
-``_WINDOW`` of them): the rate at which a line moves, measured while there is one. Whatever the
-announced capacity, a DiT that renders one run at a time completes one request per render. The
-intervals of a pair that is busy with no line (a lone request: its whole service time; the last
-requests of a burst finishing close together) say little about that rate and are used only until
-the first line is measured. Until the first completion the pace is unknown: one round of
-``capacity`` requests may wait, the rest are refused, at once.
+Each request is priced in units of work (``DiffusionParams.work``: images x steps x megapixels, twice
+with CFG), and the pair's pace in seconds per unit of work. A request's wait before its render starts is
+the work of everything admitted before it and not yet finished (in flight, and in line) at that pace: it
+is admitted if that fits ``max_wait``, and refused with 429 at once otherwise, with ``Retry-After`` the
+time until it would fit. So a request admitted is served within the promise, however heavy the requests
+ahead of it, and one that is not waits for nothing. A request admitted to the line leaves it only to start,
+or when its client leaves.
 
-A request enters at arrival, before its body is parsed (``AdmissionDoor``, in front of the image
-routes): ``enter`` gives it a slot now, a place in line, or the 429 — a few microseconds, so a burst
-of hundreds is answered within one pass over it. Its place then travels with the request to serving,
-which validates it and waits for its turn (``AdmissionPlace.turn``); a place given up before its turn
-(a request refused as invalid, a client gone) lets the line move on.
+The pace is measured as the pair completes requests: the time between completions divided by the
+completed request's work, over the last ``_WINDOW`` of them, preferring those that ended while others
+waited in line (the rate at which a line moves). Until a completion, it is the pace the DiTs measured in
+their warm-up render (``DitCapabilities.seconds_per_work``), so a fresh pair admits its first burst by what
+it costs. A DiT that announces no pace leaves it unknown: then one round of ``capacity`` requests may wait,
+the rest are refused.
+
+A request takes its place at arrival, before its body is parsed (``AdmissionDoor``), priced as the DiTs'
+default request; once validated, serving prices it as what it really asks (``AdmissionPlace.price``), which
+is what the requests after it are priced against. Its place then travels with the request to serving,
+which waits for its turn (``AdmissionPlace.turn``); a place given up before its turn lets the line move on.
 
 Everything runs on the event loop thread, so plain counters and futures are enough.
 """
@@ -34,7 +39,7 @@ from collections import deque
 from ar_service.metrics import ArMetrics
 from services.errors import Overloaded
 
-# Completions the pace is the mean of.
+# Completions the pace is measured over.
 _WINDOW = 32
 # Bounds of Retry-After, in seconds.
 _RETRY_AFTER = (1, 60)
@@ -44,23 +49,26 @@ class AdmissionTicket:
     """One admitted request's slot; ``release`` is idempotent. ``served``: the request's work completed
     (only those measure the pace; a failure or a client that left says nothing about it)."""
 
-    def __init__(self, admission: RequestAdmission) -> None:
+    def __init__(self, admission: RequestAdmission, place: AdmissionPlace) -> None:
         self._admission = admission
+        self._place = place
         self._held = True
 
     def release(self, served: bool) -> None:
         if self._held:
             self._held = False
-            self._admission.finished(served)
+            self._admission.finished(self._place, served)
 
 
 class AdmissionPlace:
     """A request's place, taken at arrival: a slot already, or a turn in line. ``turn`` gives the slot
     as a ticket (waiting for it if needed); ``leave`` gives the place up, once, if the ticket was not taken."""
 
-    def __init__(self, admission: RequestAdmission, turn: asyncio.Future[None]) -> None:
+    def __init__(self, admission: RequestAdmission, turn: asyncio.Future[None], work: float) -> None:
         self._admission = admission
         self._turn = turn
+        self.work = work
+        self.counted = False  # in the admission's work ahead of later arrivals
         self._entered_at = time.monotonic()
         self._settled = False
 
@@ -68,6 +76,18 @@ class AdmissionPlace:
     def started(self) -> bool:
         """The slot is this request's: ``turn`` returns at once."""
         return self._turn.done() and not self._turn.cancelled()
+
+    @property
+    def in_line(self) -> bool:
+        return not self._turn.done()
+
+    def start(self) -> None:
+        """Its turn has come: the slot is its own."""
+        self._turn.set_result(None)
+
+    def price(self, work: float) -> None:
+        """What the request really asks, once known: the requests after it are priced against it."""
+        self._admission.repriced(self, work)
 
     async def turn(self) -> AdmissionTicket:
         try:
@@ -77,12 +97,12 @@ class AdmissionPlace:
             raise
         self._settled = True
         self._admission.observe_wait(time.monotonic() - self._entered_at)
-        return AdmissionTicket(self._admission)
+        return AdmissionTicket(self._admission, self)
 
     def leave(self) -> None:
         if not self._settled:
             self._settled = True
-            self._admission.left(self._turn)
+            self._admission.left(self, self._turn)
 
 
 class RequestAdmission:
@@ -90,12 +110,15 @@ class RequestAdmission:
         self._max_queued = max_queued
         self._max_wait = max_wait
         self._metrics = metrics
-        self._waiting: deque[asyncio.Future[None]] = deque()
+        self._waiting: deque[AdmissionPlace] = deque()
         self._running = 0
+        self._work_ahead = 0.0  # of every place admitted and not finished, in flight or in line
         self._capacity = 1
-        # Seconds between completions while busy, and those that ended with requests waiting in line.
-        self._busy_intervals: deque[float] = deque(maxlen=_WINDOW)
-        self._line_intervals: deque[float] = deque(maxlen=_WINDOW)
+        self._announced: float | None = None
+        # (seconds between completions while busy, the completed request's work), and those that ended with
+        # requests waiting in line.
+        self._busy: deque[tuple[float, float]] = deque(maxlen=_WINDOW)
+        self._line: deque[tuple[float, float]] = deque(maxlen=_WINDOW)
         self._busy_since: float | None = None
         self._last_completion = float("-inf")
 
@@ -103,90 +126,118 @@ class RequestAdmission:
     def in_flight(self) -> int:
         return self._running
 
-    def enter(self, capacity: int) -> AdmissionPlace:
-        """A slot among ``capacity`` now, or a place in line; ``Overloaded`` (429) at once when the line
-        is full or the wait would be longer than ``max_wait``."""
+    def enter(self, capacity: int, work: float, announced_pace: float | None = None) -> AdmissionPlace:
+        """A slot among ``capacity`` now, or a place in line, for a request priced at ``work`` until it is
+        priced again; ``Overloaded`` (429) at once when the line is full or the wait would be longer than
+        ``max_wait``. ``announced_pace``: the DiTs' own seconds per unit of work."""
         self._capacity = capacity
+        if announced_pace is not None:
+            self._announced = announced_pace
         if self._waiting and self._running < capacity:
             self._start_waiting()  # the DiTs announced more room since the last request
+        wait = self.estimated_wait()
+        if wait is not None and wait > self._max_wait:
+            # A refusal is decided before anything is made for it: in a burst, most arrivals end here.
+            raise self._refuse(f"the wait would be about {wait:.0f} s, over {self._max_wait:g} s", wait)
         if self._running < capacity and not self._waiting:
-            self._start()
             started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             started.set_result(None)
-            return AdmissionPlace(self, started)
-        # A refusal is decided before anything is made for it: in a burst, most arrivals end here.
+            place = AdmissionPlace(self, started, work)
+            self._start(place)
+            return place
         ahead = len(self._waiting)
         if ahead >= self._max_queued:
-            raise self._refuse(f"the queue is full ({self._max_queued} requests wait)", ahead)
-        wait = self._estimated_wait(ahead)
+            raise self._refuse(f"the queue is full ({self._max_queued} requests wait)", wait)
         if wait is None and ahead >= capacity:
-            raise self._refuse("the pace of this service is not measured yet; one round may wait", ahead)
-        if wait is not None and wait > self._max_wait:
-            raise self._refuse(f"the wait would be about {wait:.0f} s, over {self._max_wait:g} s", ahead)
-        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting.append(turn)
+            raise self._refuse("the pace of this service is not measured yet; one round may wait", wait)
+        place = AdmissionPlace(self, asyncio.get_running_loop().create_future(), work)
+        self._waiting.append(place)
+        self._count(place)
         self._metrics.requests_queued.set(len(self._waiting))
-        return AdmissionPlace(self, turn)
+        return place
 
     @property
     def pace(self) -> float | None:
-        """Seconds between completions, as the line moves; None until a request has finished."""
-        window = self._line_intervals or self._busy_intervals
-        return sum(window) / len(window) if window else None
+        """Seconds per unit of work: measured as the line moves (else while busy), else the DiTs' announced
+        one; None when neither is known."""
+        window = self._line or self._busy
+        if window:
+            return sum(seconds for seconds, _ in window) / sum(work for _, work in window)
+        return self._announced
 
-    def finished(self, served: bool) -> None:
-        if served:
+    def estimated_wait(self) -> float | None:
+        """Seconds until a request arriving now would start its render: the work of everything admitted and
+        not finished, at the pace."""
+        pace = self.pace
+        return None if pace is None else self._work_ahead * pace
+
+    def repriced(self, place: AdmissionPlace, work: float) -> None:
+        if place.counted:
+            self._work_ahead += work - place.work
+        place.work = work
+
+    def finished(self, place: AdmissionPlace, served: bool) -> None:
+        if served and place.work > 0:
             now = time.monotonic()
             since = max(self._last_completion, self._busy_since if self._busy_since is not None else now)
-            self._busy_intervals.append(now - since)
+            sample = (now - since, place.work)
+            self._busy.append(sample)
             if self._waiting:
-                self._line_intervals.append(now - since)
-            self._metrics.admission_pace_seconds.set(self.pace or 0.0)
+                self._line.append(sample)
+            self._metrics.admission_seconds_per_work.set(self.pace or 0.0)
             self._last_completion = now
-        self._end_one()
+        self._end_one(place)
 
-    def _end_one(self) -> None:
+    def _end_one(self, place: AdmissionPlace) -> None:
         self._running -= 1
+        self._uncount(place)
         if self._running == 0:
             self._busy_since = None
         self._start_waiting()
 
-    def left(self, turn: asyncio.Future[None]) -> None:
+    def left(self, place: AdmissionPlace, turn: asyncio.Future[None]) -> None:
         """A place given up before its ticket was taken: a slot already handed to it goes to the next in line."""
         if turn.done() and not turn.cancelled():
-            self._end_one()
+            self._end_one(place)
             return
         turn.cancel()
-        if turn in self._waiting:
-            self._waiting.remove(turn)
+        if place in self._waiting:
+            self._waiting.remove(place)
+        self._uncount(place)
         self._metrics.requests_queued.set(len(self._waiting))
 
     def observe_wait(self, seconds: float) -> None:
         self._metrics.queue_wait_seconds.observe(seconds)
 
-    def _start(self) -> None:
+    def _count(self, place: AdmissionPlace) -> None:
+        if not place.counted:
+            place.counted = True
+            self._work_ahead += place.work
+
+    def _uncount(self, place: AdmissionPlace) -> None:
+        if place.counted:
+            place.counted = False
+            self._work_ahead -= place.work
+        if self._running == 0 and not self._waiting:
+            self._work_ahead = 0.0  # no drift from float sums once nothing is ahead
+
+    def _start(self, place: AdmissionPlace) -> None:
         self._running += 1
+        self._count(place)
         if self._busy_since is None:
             self._busy_since = time.monotonic()
         self._metrics.requests_in_flight.set(self._running)
 
     def _start_waiting(self) -> None:
         while self._waiting and self._running < self._capacity:
-            turn = self._waiting.popleft()
-            if not turn.done():
-                self._start()
-                turn.set_result(None)
+            place = self._waiting.popleft()
+            if place.in_line:
+                self._start(place)
+                place.start()
         self._metrics.requests_in_flight.set(self._running)
         self._metrics.requests_queued.set(len(self._waiting))
 
-    def _estimated_wait(self, ahead: int) -> float | None:
-        """Seconds until a request with ``ahead`` requests in line before it starts: one completion each,
-        and one more for its own slot, at the measured pace."""
-        pace = self.pace
-        return None if pace is None else (ahead + 1) * pace
-
-    def _refuse(self, why: str, ahead: int) -> Overloaded:
-        wait = self._estimated_wait(ahead)
+    def _refuse(self, why: str, wait: float | None) -> Overloaded:
         until_room = _RETRY_AFTER[0] if wait is None else wait - self._max_wait
         retry_after = min(_RETRY_AFTER[1], max(_RETRY_AFTER[0], until_room))
         return Overloaded(
@@ -194,3 +245,9 @@ class RequestAdmission:
             code="rate_limit_exceeded",
             retry_after=math.ceil(retry_after),
         )
+
+
+def admitted_at_once(capacity: int, max_queued: int, max_wait: float, pace: float, work: float) -> int:
+    """How many requests of ``work`` each, arriving at once at an idle pair, admission takes at ``pace``: each
+    waits for the work of those before it, and the line holds ``max_queued`` beyond the slots."""
+    return min(capacity + max_queued, math.floor(max_wait / (work * pace)) + 1)

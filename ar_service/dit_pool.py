@@ -168,13 +168,17 @@ class DitPool:
         capacity = sum(s.capabilities.capacity.max_outstanding for s in ready if s.capabilities is not None)
         return PoolState(True, f"ready ({len(ready)}/{len(live)} DiT replicas)", capabilities, capacity)
 
-    def known_capacity(self) -> int:
-        """Handoffs the replicas ready at their last probe hold together (0: none was ready); no probe."""
-        return sum(
-            c.capacity.max_outstanding
+    def known(self) -> PoolState:
+        """What the replicas ready at their last probe can do together, without probing."""
+        ready = [
+            c
             for r in self.replicas.values()
             if not r.retired and r.peer.last.ready and (c := r.peer.last.capabilities) is not None
-        )
+        ]
+        if not ready:
+            return PoolState(False, "no DiT replica known to be ready")
+        capacity = sum(c.capacity.max_outstanding for c in ready)
+        return PoolState(True, "ready", DitCapabilities.common(ready), capacity)
 
     def forget(self) -> None:
         for replica in self.replicas.values():

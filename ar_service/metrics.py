@@ -69,10 +69,10 @@ class ArMetrics:
         )
         self.requests_in_flight = f.gauge("requests_in_flight", "Requests being served.")
         self.requests_queued = f.gauge("requests_queued", "Requests waiting for a slot.")
-        self.admission_pace_seconds = f.gauge(
-            "admission_pace_seconds",
-            "The pair's measured time between completions while requests wait (admission's wait estimate; "
-            "0 until measured).",
+        self.admission_seconds_per_work = f.gauge(
+            "admission_seconds_per_work",
+            "The pair's pace as admission prices waits: seconds per unit of work (an image's step at a megapixel, "
+            "twice with CFG), measured from completions (0 until then; the DiTs' warm-up pace is used meanwhile).",
         )
         self.queue_wait_seconds = f.histogram(
             "queue_wait_seconds", "Time a request waited for room at the DiT.", LATENCY_BUCKETS

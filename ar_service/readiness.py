@@ -36,10 +36,13 @@ class ArReadiness:
         """What the ready DiTs announced together (None: none is ready)."""
         return (await self.dits.state()).capabilities
 
-    def known_capacity(self) -> int | None:
-        """The pair's capacity as last seen, without asking anyone; None while it is not known to be ready."""
-        capacity = self.dits.known_capacity()
-        return capacity if self.engine_ready and not self.engine_error and capacity > 0 else None
+    def known(self) -> tuple[DitCapabilities, int] | None:
+        """What ``require`` would answer, as last seen, without asking anyone; None while the pair is not known to
+        be ready."""
+        state = self.dits.known()
+        if not (self.engine_ready and not self.engine_error and state.ready and state.capabilities is not None):
+            return None
+        return (state.capabilities, state.capacity) if state.capacity > 0 else None
 
     async def require(self) -> tuple[DitCapabilities, int]:
         """What the ready DiTs can do and how many handoffs they hold; a 503 ``not_ready`` otherwise."""

@@ -173,8 +173,8 @@ class ArSettings(BaseSettings):
     )
     max_queue_wait_seconds: Seconds = Field(
         120.0,
-        description="A request that would wait longer than this for a slot, at the pair's measured pace, is refused "
-        "at once (429); one that is admitted is served.",
+        description="A request whose render would start later than this, by the work admitted before it at the "
+        "pair's pace, is refused at once (429); one that is admitted is served.",
     )
     send_timeout_seconds: Seconds = Field(
         60.0,

@@ -48,14 +48,37 @@ def serve(side: str, port: int) -> None:
     from services.heap import freeze_startup_heap
     from services.request_context import configure_logging
     from services.serve import server
+    from shared.capabilities import DiffusionDefaults, DiffusionLimits, DitCapabilities, DitCapacity
 
     configure_logging("ar")
+
+    limits = DiffusionLimits(
+        size_multiple=16,
+        max_pixels=1 << 20,
+        min_inference_steps=1,
+        max_inference_steps=100,
+        max_guidance_scale=10.0,
+        max_images=1,
+        max_conditioning_rows=512,
+        output_formats=["png"],
+    )
+    defaults = DiffusionDefaults(width=64, height=64, num_inference_steps=20, guidance_scale=1.0)
+    capacity = DitCapacity(max_concurrent_handoffs=1, max_pipeline_runs=1, pipeline_queue_size=0)
+    dit = DitCapabilities(
+        model="door-burst",
+        description="none",
+        hidden_size=8,
+        conditioning=["qwen_image"],
+        limits=limits,
+        defaults=defaults,
+        capacity=capacity,
+    )
 
     class Full:
         """The pair's readiness as the door sees it: known, with no slot (every request refused)."""
 
-        def known_capacity(self) -> int:
-            return 0
+        def known(self) -> tuple[DitCapabilities, int]:
+            return dit, 0
 
     metrics = ArMetrics(CollectorRegistry())
     drain = Drain(10.0)

@@ -8,10 +8,9 @@ distribution (the AR's ``server-timing`` ``queue`` stage: arrival to engine subm
 the admission wait plus a few ms).
 
 The last round, "3x over capacity", sizes a burst from what the pair says of itself after those
-rounds: it can serve ``capacity`` (the DiT's announced places) plus the requests that can start
-within the AR's maximum queue wait at its measured pace (``ardit_ar_admission_pace_seconds``),
-at most its queue length; the burst is three times that, all at once. Every answer must be a 200,
-or a 429 within 100 ms; the round reports both latency distributions and a histogram by status.
+rounds: what admission takes of a burst at once at its measured pace (``ardit_ar_admission_seconds_per_work``,
+``ar_service.admission.admitted_at_once``); the burst is three times that, all at once. Every answer must be a
+200 or a 429; the round reports both latency distributions and a histogram by status.
 
     python benchmarks/load.py [--clients 64] [--rounds 3] [--size 64x64] [--steps 2] [--over 3]
 """
@@ -40,7 +39,9 @@ from burst_client import burst_at_once, request
 paired.use_this_checkout()
 
 from ar_service import ArSettings  # noqa: E402
+from ar_service.admission import admitted_at_once  # noqa: E402
 from shared.capabilities import DitCapabilities  # noqa: E402
+from shared.diffusion import parse_size  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 # Upper bounds of the latency histogram of the over-capacity round, in seconds.
@@ -154,11 +155,15 @@ def metric(url: str, name: str) -> float:
 
 async def over_capacity(ar_url: str, dit_url: str, over: float, size: str, steps: int) -> dict:
     """A burst of ``over`` x what the pair can serve within its maximum wait, all at once."""
-    defaults = ArSettings()
-    readyz = httpx.get(f"{dit_url}/readyz", timeout=10).json()
-    capacity = DitCapabilities.model_validate(readyz["capabilities"]).capacity.max_outstanding
-    pace = metric(ar_url, "ardit_ar_admission_pace_seconds")
-    servable = capacity + min(defaults.max_queued_requests, math.floor(defaults.max_queue_wait_seconds / pace))
+    settings = ArSettings()
+    dit = DitCapabilities.model_validate(httpx.get(f"{dit_url}/readyz", timeout=10).json()["capabilities"])
+    capacity = dit.capacity.max_outstanding
+    pace = metric(ar_url, "ardit_ar_admission_seconds_per_work")
+    width, height = parse_size(size)
+    work = dit.defaults.params().model_copy(update={"width": width, "height": height, "num_inference_steps": steps})
+    servable = admitted_at_once(
+        capacity, settings.max_queued_requests, settings.max_queue_wait_seconds, pace, work.work
+    )
     burst = math.ceil(over * servable)
     results = await burst_at_once(ar_url, [request(10_000 + i, size, steps) for i in range(burst)])
     wall = max(seconds for _, seconds in results)  # until the burst's last answer
@@ -173,9 +178,9 @@ async def over_capacity(ar_url: str, dit_url: str, over: float, size: str, steps
     return {
         "sizing": {
             "capacity": capacity,
-            "pace_seconds": pace,
-            "max_queue_wait_seconds": defaults.max_queue_wait_seconds,
-            "max_queued_requests": defaults.max_queued_requests,
+            "seconds_per_work": pace,
+            "max_queue_wait_seconds": settings.max_queue_wait_seconds,
+            "max_queued_requests": settings.max_queued_requests,
             "servable": servable,
             "burst": burst,
         },

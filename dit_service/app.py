@@ -90,9 +90,10 @@ def _holds_a_place(scope: Scope) -> bool:
     return scope["path"] == HANDOFF_PATH and any(name == RESERVATION_HEADER.encode() for name, _ in scope["headers"])
 
 
-def _announcement(served: HandoffServices) -> dict[str, object]:
-    """What a ready DiT's /readyz body says of it (read by every AR)."""
-    return {"capabilities": served.capabilities.model_dump(mode="json")}
+def _announcement(served: HandoffServices, seconds_per_work: float) -> dict[str, object]:
+    """What a ready DiT's /readyz body says of it (read by every AR): its capabilities and measured pace."""
+    capabilities = served.capabilities.model_copy(update={"seconds_per_work": seconds_per_work})
+    return {"capabilities": capabilities.model_dump(mode="json")}
 
 
 def handoff_auth(settings: DitSettings) -> BearerAuth:

@@ -1,8 +1,9 @@
 """What serves handoffs once the model is loaded, built in one place from the settings and the model.
 
 ``serve_model`` is what ``ModelState`` calls after the load: the announcement (capabilities), the
-open-frame policy, the conditioning adapters and the result stream over the renderer, plus a second
-renderer with throwaway metrics for the warm-up (which must not show up as served traffic).
+open-frame policy, the conditioning adapters and the result stream over the renderer, plus the warm-up:
+a second renderer with throwaway metrics (the warm-up must not show up as served traffic), and the
+default request in two steps, the render the DiT's pace is measured on.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dit_service.conditioning import ConditioningAdapters, ConditioningOptions
 from dit_service.image_encoder import ImageEncoder
 from dit_service.metrics import DitMetrics
 from dit_service.model import DitModel
+from dit_service.model_state import Warmup
 from dit_service.open_frame_policy import OpenFramePolicy
 from dit_service.render_scheduler import RenderScheduler
 from dit_service.renderer import Renderer
@@ -45,8 +47,8 @@ def serve_model(
     admission: AdmissionControl,
     fatal: Fatal,
     idle: IdleRelease,
-) -> tuple[HandoffServices, Renderer]:
-    """The services over ``model``, and a renderer for the warm-up."""
+) -> tuple[HandoffServices, Warmup]:
+    """The services over ``model``, and its warm-up."""
     vae, encoder = VaeCodec(model), ImageEncoder()
     capabilities = dit_capabilities(settings, model)
     options = ConditioningOptions(
@@ -73,5 +75,10 @@ def serve_model(
         max_consecutive_failures=settings.max_consecutive_pipeline_failures,
     )
     policy = OpenFramePolicy(capabilities, adapters, settings.expected_model, settings.expected_final_norm)
-    warmup = Renderer(model, vae, encoder, DitMetrics(CollectorRegistry()))
+    limits, defaults = capabilities.limits, capabilities.defaults
+    warmup = Warmup(
+        Renderer(model, vae, encoder, DitMetrics(CollectorRegistry())),
+        # Two steps: the fixed costs of a render (the VAE, the encoder) count in the pace, as in a real one.
+        defaults.params(max(2, limits.min_inference_steps)),
+    )
     return HandoffServices(capabilities, policy, adapters, results), warmup

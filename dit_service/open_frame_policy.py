@@ -64,7 +64,7 @@ class OpenFramePolicy:
                 )
         params = frame.diffusion
         self._capabilities.limits.check(params)
-        if params.guidance_scale > 1.0 and "uncond" not in frame.streams:
+        if params.cfg and "uncond" not in frame.streams:
             # diffusers would quietly render without guidance; CFG needs the AR's negative stream.
             raise InvalidDiffusionParams(
                 f"guidance_scale {params.guidance_scale} > 1 needs the 'uncond' stream (negative prompt rows)",

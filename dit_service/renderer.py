@@ -137,7 +137,7 @@ class Renderer:
 
     def _conditioning(self, jobs: list[RenderJob]) -> dict[str, Any]:
         """Each job's rows, right-padded to the round's longest with a mask; the negative ones with CFG."""
-        device, guidance = self.model.facts.device, jobs[0].params.guidance_scale
+        device, params = self.model.facts.device, jobs[0].params
         cond = [job.conditioning for job in jobs]
         embeds, mask = _padded([(c.prompt_embeds, c.prompt_embeds_mask) for c in cond])
         inputs: dict[str, Any] = {
@@ -147,7 +147,7 @@ class Renderer:
             # The adapter already enforced the service's limit; this only stops diffusers cutting anything.
             "max_sequence_length": embeds.shape[1],
         }
-        if guidance > 1.0:
+        if params.cfg:
             negatives = [(c.negative_prompt_embeds, c.negative_prompt_embeds_mask) for c in cond]
             pairs = [(e, m) for e, m in negatives if e is not None and m is not None]
             if len(pairs) != len(negatives):
@@ -156,7 +156,7 @@ class Renderer:
             inputs |= {
                 "negative_prompt_embeds": negative.to(device),
                 "negative_prompt_embeds_mask": negative_mask.to(device),
-                "true_cfg_scale": guidance,
+                "true_cfg_scale": params.guidance_scale,
                 "max_sequence_length": max(embeds.shape[1], negative.shape[1]),
             }
         return inputs

@@ -136,6 +136,16 @@ class DiffusionDefaults(WireModel):
     # it announces none, and gets Qwen-Image's.
     negative_prompt: Annotated[str, Field(max_length=4096)] = " "
 
+    def params(self, num_inference_steps: int | None = None) -> DiffusionParams:
+        """The default request's diffusion parameters (``num_inference_steps``: another step count)."""
+        return DiffusionParams(
+            width=self.width,
+            height=self.height,
+            num_inference_steps=num_inference_steps or self.num_inference_steps,
+            guidance_scale=self.guidance_scale,
+            seed=0,
+        )
+
 
 class DitCapacity(WireModel):
     """How much work one DiT replica holds at once; the AR admits requests against it."""
@@ -168,11 +178,16 @@ class DitCapabilities(WireModel):
     limits: DiffusionLimits
     defaults: DiffusionDefaults
     capacity: DitCapacity
+    # Seconds this DiT took per unit of work (``DiffusionParams.work``) in its warm-up render, at its default
+    # size: what the AR prices a wait at until it has measured its own. None: not measured (a DiT that
+    # predates it).
+    seconds_per_work: Annotated[float, Field(gt=0)] | None = None
 
     @classmethod
     def common(cls, all_capabilities: Sequence[DitCapabilities]) -> DitCapabilities:
-        """What every one of these DiTs can do: the first's identity and defaults, the tightest limits (and
-        for ``auto`` the first size they all draw, where they list sizes and the first's default is not one)."""
+        """What every one of these DiTs can do: the first's identity, defaults and measured pace, the tightest
+        limits (and for ``auto`` the first size they all draw, where they list sizes and the first's default is
+        not one)."""
         first = all_capabilities[0]
         if all(c == first for c in all_capabilities):
             return first

@@ -116,3 +116,16 @@ class DiffusionParams(WireModel):
     @property
     def size(self) -> str:
         return f"{self.width}x{self.height}"
+
+    @property
+    def cfg(self) -> bool:
+        """Classifier-free guidance runs above a scale of 1 (Qwen-Image's ``true_cfg_scale``): the transformer
+        then runs on the negative prompt's rows too, which the AR encodes for it. At 1 or less it would change
+        nothing."""
+        return self.guidance_scale > 1.0
+
+    @property
+    def work(self) -> float:
+        """What the render costs, in the unit admission prices requests in: images x steps x megapixels, twice
+        with CFG (``benchmarks/results/admission.md`` measures how well it predicts a render's time)."""
+        return self.num_images * self.num_inference_steps * self.width * self.height / 1e6 * (2 if self.cfg else 1)

@@ -42,6 +42,7 @@ from services.drain import Drain
 from services.errors import ApiError
 from services.request_context import REQUEST_ID_HEADER, request_id_of
 from services.request_gate import header
+from shared.capabilities import DitCapabilities
 
 log = logging.getLogger("ardit.ar.admission_door")
 
@@ -114,25 +115,26 @@ class AdmissionDoor:
         return self._arrivals
 
     def enter(self, scope: Scope) -> AdmissionPlace | ApiError | None:
-        """The request's place (a slot, or a place in line); the refusal when the line has no room for it;
-        None while the pair is not known to be ready."""
-        capacity = self._readiness.known_capacity()
-        if capacity is None:
+        """The request's place (a slot, or a place in line), priced as the DiTs' default request until serving
+        has read what it asks; the refusal when the line has no room for it; None while the pair is not known
+        to be ready."""
+        known = self._readiness.known()
+        if known is None:
             return None
-        return self._entered(capacity)
+        return self._entered(*known)
 
     async def _enter_once_ready(self) -> AdmissionPlace | ApiError:
         try:
-            _, capacity = await self._readiness.require()
+            dits, capacity = await self._readiness.require()
         except ApiError as not_ready:
             return not_ready
-        return self._entered(capacity)
+        return self._entered(dits, capacity)
 
-    def _entered(self, capacity: int) -> AdmissionPlace | ApiError:
+    def _entered(self, dits: DitCapabilities, capacity: int) -> AdmissionPlace | ApiError:
         self._arrivals += 1
         self._last_arrival = time.monotonic()
         try:
-            return self._admission.enter(capacity)
+            return self._admission.enter(capacity, dits.defaults.params().work, dits.seconds_per_work)
         except ApiError as refused:
             return refused
 

@@ -163,6 +163,7 @@ class ImageServing:
         # Every refusal known before any work is an HTTP status, in stream mode too: 429 or 503 at the door
         # (admission decides at arrival), then 404 / 400 (validation); an admitted request may wait its turn.
         try:
+            place.price(valid.generation.diffusion.work)
             turn = place.turn()
             async with self.drain.bounded():  # a replica that is shutting down stops waiting at its deadline
                 ticket = await (turn if place.started else cancel_on_disconnect(raw_request, turn))

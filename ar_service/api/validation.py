@@ -155,8 +155,7 @@ class RequestValidator:
         with _public_errors():
             diffusion = self._diffusion(body, request_id, dit, size)
         texts: dict[StreamName, str] = {"cond": body.prompt}
-        # CFG runs only above guidance 1; otherwise a negative prompt would change nothing, so it is not prefilled.
-        if diffusion.guidance_scale > 1.0:
+        if diffusion.cfg:  # the negative prompt is encoded only where CFG uses it
             negative = s.default_negative_prompt if body.negative_prompt is None else body.negative_prompt
             texts["uncond"] = dit.defaults.negative_prompt if negative is None else negative
         generation = GenerationRequest(

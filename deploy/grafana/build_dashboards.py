@@ -380,11 +380,11 @@ SECTIONS = (
             ),
             series(
                 "AR admission wait",
-                "Time requests waited for admission, and the pace admission estimates waits from (the mean time "
-                "between completions while requests wait in line).",
+                "Time requests waited for admission, and the pace admission prices waits at: seconds per unit of "
+                "work (an image's step at a megapixel, twice with CFG), measured between completions.",
                 "s",
                 *p50_p99("ardit_ar_queue_wait_seconds", AR, "wait"),
-                Query(f"max(ardit_ar_admission_pace_seconds{{{AR}}})", "pace"),
+                Query(f"max(ardit_ar_admission_seconds_per_work{{{AR}}})", "seconds per unit of work"),
             ),
             series(
                 "AR: clients that stopped reading",

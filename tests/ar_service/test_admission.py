@@ -1,5 +1,6 @@
-"""Admission against the pair's capacity, decided at arrival: FIFO waiting when the measured pace says the
-wait fits, 429 at once when it does not; an admitted request is served."""
+"""Admission against the pair's capacity, decided at arrival and priced by work: FIFO waiting when the wait
+(the work admitted ahead, at the pace) fits, 429 at once when it does not; an admitted request is served.
+Requests here are one unit of work each unless a test says otherwise."""
 
 from __future__ import annotations
 
@@ -41,22 +42,29 @@ def admission(max_queued: int = 4, max_wait: float = 5.0) -> RequestAdmission:
     return RequestAdmission(max_queued, max_wait, ArMetrics(CollectorRegistry()))
 
 
-async def serve_one(gate: RequestAdmission, clock: Clock, seconds: float, capacity: int = 1) -> None:
+async def serve_one(gate: RequestAdmission, clock: Clock, seconds: float, capacity: int = 1, work: float = 1.0):
     """One request through the gate, taking ``seconds``: the pace is measured from then on."""
-    ticket = await gate.enter(capacity=capacity).turn()
+    ticket = await gate.enter(capacity, work).turn()
     await clock.spend(seconds)
     ticket.release(served=True)
+
+
+async def release_all(tickets, tasks) -> None:
+    for ticket in tickets:
+        ticket.release(served=True)
+    for task in tasks:
+        (await task).release(served=True)
 
 
 def test_requests_beyond_the_capacity_wait_and_start_in_arrival_order(clock: Clock):
     async def scenario():
         gate = admission()
         await serve_one(gate, clock, 0.01)
-        first = await gate.enter(capacity=1).turn()
+        first = await gate.enter(1, 1.0).turn()
         order = []
 
         async def wait_then_record(name: str):
-            ticket = await gate.enter(capacity=1).turn()
+            ticket = await gate.enter(1, 1.0).turn()
             order.append(name)
             await clock.spend(0.01)
             ticket.release(served=True)
@@ -74,101 +82,145 @@ def test_requests_beyond_the_capacity_wait_and_start_in_arrival_order(clock: Clo
 def test_a_full_queue_is_refused_at_once_with_retry_after():
     async def scenario():
         gate = admission(max_queued=1)
-        held = await gate.enter(capacity=1).turn()
-        waiting = asyncio.create_task(gate.enter(capacity=1).turn())
+        held = await gate.enter(1, 1.0).turn()
+        waiting = asyncio.create_task(gate.enter(1, 1.0).turn())
         await asyncio.sleep(0)
         with pytest.raises(Overloaded) as refused:
-            await gate.enter(capacity=1).turn()
-        held.release(served=True)
-        (await waiting).release(served=True)
+            await gate.enter(1, 1.0).turn()
+        await release_all([held], [waiting])
         return refused.value
 
     refused = asyncio.run(scenario())
     assert refused.status == 429 and int(refused.headers["Retry-After"]) >= 1 and "queue is full" in refused.message
 
 
-def test_a_wait_longer_than_allowed_at_the_observed_rate_is_refused_before_queueing(clock: Clock):
+def test_a_wait_past_max_wait_at_the_measured_pace_is_refused_before_queueing(clock: Clock):
     async def scenario():
         gate = admission(max_queued=100, max_wait=1.0)
-        await serve_one(gate, clock, 0.3)  # the pair serves one request per ~0.3 s
-        held = await gate.enter(capacity=1).turn()
-        queued = [asyncio.create_task(gate.enter(capacity=1).turn()) for _ in range(3)]  # ~0.9 s of waiting
+        await serve_one(gate, clock, 0.3)  # the pair does one unit of work in ~0.3 s
+        held = await gate.enter(1, 1.0).turn()
+        queued = [asyncio.create_task(gate.enter(1, 1.0).turn()) for _ in range(3)]  # waits of 0.3, 0.6, 0.9 s
         await asyncio.sleep(0)
         with pytest.raises(Overloaded) as refused:
-            await gate.enter(capacity=1).turn()  # the fourth would wait ~1.2 s > 1 s
-        held.release(served=True)
-        for task in queued:
-            (await task).release(served=True)
+            await gate.enter(1, 1.0).turn()  # four units ahead: ~1.2 s > 1 s
+        await release_all([held], queued)
         return refused.value
 
     refused = asyncio.run(scenario())
     assert "would be about" in refused.message and refused.headers["Retry-After"] == "1"
 
 
-def test_an_admitted_request_is_served_even_when_its_wait_runs_past_the_estimate(clock: Clock):
+def test_heavy_requests_after_light_traffic_are_priced_by_their_work(clock: Clock):
+    """Light requests (one unit) measure the pace; then requests of 40 units each: the first few fit the wait, the
+    next is refused at once, where pricing every request alike would have admitted them all."""
+
     async def scenario():
-        gate = admission(max_wait=0.2)
-        await serve_one(gate, clock, 0.05)
-        held = await gate.enter(capacity=1).turn()
-        waiting = asyncio.create_task(gate.enter(capacity=1).turn())  # estimated 0.05 s: admitted to the line
-        await clock.spend(0.5)  # the one in flight takes ten times longer than the pace said
-        assert not waiting.done()  # still in line, not refused after the fact
-        held.release(served=True)
-        (await asyncio.wait_for(waiting, 1)).release(served=True)
-        return gate.in_flight
+        gate = admission(max_queued=100, max_wait=12.0)
+        for _ in range(3):
+            await serve_one(gate, clock, 0.125)  # 0.125 s a unit
+        admitted = [gate.enter(5, 40.0) for _ in range(3)]  # renders start at 0, 5 and 10 s
+        with pytest.raises(Overloaded, match="would be about 15 s") as refused:
+            gate.enter(5, 40.0)
+        for place in admitted:
+            place.leave()
+        return refused.value
 
-    assert asyncio.run(scenario()) == 0
+    assert asyncio.run(scenario()).headers["Retry-After"] == "3"
 
 
-def test_before_any_completion_one_round_may_wait_and_the_rest_is_refused_at_once():
+def test_a_request_priced_as_the_default_and_then_as_what_it_asks_counts_for_those_after_it(clock: Clock):
+    async def scenario():
+        gate = admission(max_queued=100, max_wait=10.0)
+        await serve_one(gate, clock, 0.1)
+        heavy = gate.enter(5, 1.0)  # taken at the door, priced as the default request
+        heavy.price(120.0)  # its body read: 12 s of work
+        with pytest.raises(Overloaded):
+            gate.enter(5, 1.0)  # it would start after 12 s
+        heavy.leave()
+        gate.enter(5, 1.0).leave()  # with it gone, nothing is ahead
+
+    asyncio.run(scenario())
+
+
+def test_a_free_slot_does_not_admit_a_request_whose_render_would_start_past_the_wait(clock: Clock):
+    """Five slots, but the DiT renders one run at a time: four heavy requests in flight make the fifth wait for
+    them at the DiT, slot or no slot."""
+
+    async def scenario():
+        gate = admission(max_queued=100, max_wait=10.0)
+        await serve_one(gate, clock, 0.1)
+        in_flight = [gate.enter(5, 30.0) for _ in range(4)]  # 12 s of work
+        assert all(place.started for place in in_flight)
+        with pytest.raises(Overloaded):
+            gate.enter(5, 1.0)
+        for place in in_flight:
+            place.leave()
+
+    asyncio.run(scenario())
+
+
+def test_before_any_completion_the_dits_announced_pace_prices_a_fresh_pairs_first_burst(clock: Clock):
+    """16 requests at once on a fresh pair of 5 slots: the DiTs' warm-up pace prices them, and every one fits."""
+
+    async def scenario():
+        gate = admission(max_queued=256, max_wait=120.0)
+        places = [gate.enter(5, 0.1, announced_pace=0.5) for _ in range(16)]  # 0.05 s each: 0.75 s at most
+        started = sum(place.started for place in places)
+        for place in places:
+            place.leave()
+        return started, gate.pace
+
+    assert asyncio.run(scenario()) == (5, 0.5)
+
+
+def test_without_an_announced_pace_one_round_may_wait_before_any_completion_and_the_rest_is_refused():
     async def scenario():
         gate = admission(max_queued=100)
-        held = [await gate.enter(capacity=2).turn() for _ in range(2)]
-        line = [asyncio.create_task(gate.enter(capacity=2).turn()) for _ in range(2)]
+        held = [await gate.enter(2, 1.0).turn() for _ in range(2)]
+        line = [asyncio.create_task(gate.enter(2, 1.0).turn()) for _ in range(2)]
         await asyncio.sleep(0)
         with pytest.raises(Overloaded, match="not measured yet") as refused:
-            await gate.enter(capacity=2).turn()
-        for ticket in held:
-            ticket.release(served=True)
-        for task in line:
-            (await task).release(served=True)
+            await gate.enter(2, 1.0).turn()
+        await release_all(held, line)
         return refused.value
 
     assert int(asyncio.run(scenario()).headers["Retry-After"]) == 1
 
 
-def test_the_pace_is_the_time_between_completions_not_a_service_time_divided_by_the_capacity(clock: Clock):
-    """Five slots, one request done every 0.1 s (a DiT that renders one run at a time): the line moves
-    at 0.1 s a place, however long each request stayed in flight."""
-
+def test_the_pace_measured_replaces_the_announced_one(clock: Clock):
     async def scenario():
-        gate = admission(max_queued=100, max_wait=0.45)
-        tickets = [await gate.enter(capacity=5).turn() for _ in range(5)]
-        for ticket in tickets:
-            await clock.spend(0.1)
-            ticket.release(served=True)
-        held = [await gate.enter(capacity=5).turn() for _ in range(5)]
-        line = [asyncio.create_task(gate.enter(capacity=5).turn()) for _ in range(4)]  # 0.1 .. 0.4 s
-        await asyncio.sleep(0)
-        with pytest.raises(Overloaded, match="would be about"):
-            await gate.enter(capacity=5).turn()  # 0.5 s
-        for ticket in held:
-            ticket.release(served=True)
-        for task in line:
-            (await task).release(served=True)
-        return gate.in_flight
+        gate = admission()
+        gate.enter(1, 1.0, announced_pace=5.0).leave()
+        before = gate.pace
+        await serve_one(gate, clock, 0.2, work=2.0)
+        return before, gate.pace
 
-    assert asyncio.run(scenario()) == 0
+    assert asyncio.run(scenario()) == (5.0, pytest.approx(0.1))
 
 
-def test_the_last_requests_of_a_burst_finishing_together_do_not_make_the_pace_look_faster(clock: Clock):
-    """The line moved at 0.1 s a place; then the last four finished at once (the line was gone). A burst
-    that follows meets the 0.1 s pace, not a mean pulled down by those zeros."""
+def test_the_pace_is_the_time_between_completions_not_a_service_time_divided_by_the_capacity(clock: Clock):
+    """Five slots, one request done every 0.1 s (a DiT that renders one run at a time): 0.1 s a unit, however
+    long each request stayed in flight."""
 
     async def scenario():
         gate = admission(max_queued=100)
-        tickets = [await gate.enter(capacity=4).turn() for _ in range(4)]
-        line = [asyncio.create_task(gate.enter(capacity=4).turn()) for _ in range(3)]
+        tickets = [await gate.enter(5, 1.0).turn() for _ in range(5)]
+        for ticket in tickets:
+            await clock.spend(0.1)
+            ticket.release(served=True)
+        return gate.pace
+
+    assert asyncio.run(scenario()) == pytest.approx(0.1)
+
+
+def test_the_last_requests_of_a_burst_finishing_together_do_not_make_the_pace_look_faster(clock: Clock):
+    """The line moved at 0.1 s a unit; then the last four finished at once (the line was gone). A burst that
+    follows meets the 0.1 s pace, not a mean pulled down by those zeros."""
+
+    async def scenario():
+        gate = admission(max_queued=100)
+        tickets = [await gate.enter(4, 1.0).turn() for _ in range(4)]
+        line = [asyncio.create_task(gate.enter(4, 1.0).turn()) for _ in range(3)]
         await asyncio.sleep(0)
         for _ in range(3):
             await clock.spend(0.1)
@@ -186,7 +238,7 @@ def test_requests_that_fail_or_are_abandoned_do_not_make_the_pace_look_faster(cl
         gate = admission()
         await serve_one(gate, clock, 0.2)
         for _ in range(10):  # quick failures: 400s from the DiT, clients that left
-            (await gate.enter(capacity=1).turn()).release(served=False)
+            (await gate.enter(1, 1.0).turn()).release(served=False)
         return gate.pace
 
     assert asyncio.run(scenario()) == pytest.approx(0.2)
@@ -196,30 +248,29 @@ def test_a_waiter_that_gives_up_passes_its_turn_on(clock: Clock):
     async def scenario():
         gate = admission()
         await serve_one(gate, clock, 0.01)
-        held = await gate.enter(capacity=1).turn()
-        leaving = asyncio.create_task(gate.enter(capacity=1).turn())
-        staying = asyncio.create_task(gate.enter(capacity=1).turn())
+        held = await gate.enter(1, 1.0).turn()
+        leaving = asyncio.create_task(gate.enter(1, 1.0).turn())
+        staying = asyncio.create_task(gate.enter(1, 1.0).turn())
         await asyncio.sleep(0)
         leaving.cancel()  # the client went away while queued
         held.release(served=True)
         ticket = await asyncio.wait_for(staying, 1)
         in_flight = gate.in_flight
         ticket.release(served=True)
-        return in_flight, gate.in_flight
+        return in_flight, gate.in_flight, gate.estimated_wait()
 
-    assert asyncio.run(scenario()) == (1, 0)
+    assert asyncio.run(scenario()) == (1, 0, 0.0)
 
 
 def test_capacity_follows_what_the_dit_announces(clock: Clock):
     async def scenario():
         gate = admission()
-        tickets = [await gate.enter(capacity=3).turn() for _ in range(3)]
-        blocked = asyncio.create_task(gate.enter(capacity=3).turn())
+        await serve_one(gate, clock, 0.01)
+        tickets = [await gate.enter(3, 1.0).turn() for _ in range(3)]
+        blocked = asyncio.create_task(gate.enter(3, 1.0).turn())
         await clock.spend(0.01)
         assert not blocked.done()
-        for ticket in tickets:
-            ticket.release(served=True)
-        (await blocked).release(served=True)
+        await release_all(tickets, [blocked])
         return gate.in_flight
 
     assert asyncio.run(scenario()) == 0
@@ -229,13 +280,13 @@ def test_a_place_given_up_before_its_turn_lets_the_line_move_on(clock: Clock):
     async def scenario():
         gate = admission()
         await serve_one(gate, clock, 0.01)
-        held = await gate.enter(capacity=1).turn()
-        invalid, next_in_line = gate.enter(capacity=1), gate.enter(capacity=1)
+        held = await gate.enter(1, 1.0).turn()
+        invalid, next_in_line = gate.enter(1, 1.0), gate.enter(1, 1.0)
         held.release(served=True)  # the slot goes to `invalid` while it is being validated...
         assert invalid.started
         invalid.leave()  # ...which is refused (a 400): the slot passes on
         assert next_in_line.started
         (await next_in_line.turn()).release(served=True)
-        return gate.in_flight
+        return gate.in_flight, gate.estimated_wait()
 
-    assert asyncio.run(scenario()) == 0
+    assert asyncio.run(scenario()) == (0, 0.0)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import math
 import subprocess
 import sys
 import time
@@ -19,8 +18,10 @@ import httpx
 import pytest
 
 import benchmarks.burst_client
+from ar_service.admission import admitted_at_once
 from ar_service.settings import ArSettings
 from shared.capabilities import DitCapabilities
+from shared.diffusion import parse_size
 from tests.conftest import API_KEY, PLUMBING_DIT_MODEL_DIR
 from tests.e2e.metrics_text import sample
 from tests.e2e.test_lifecycle import settled
@@ -29,6 +30,7 @@ from tests.support.launched_pair import Pair, launched_pair
 pytestmark = pytest.mark.slow
 
 CLIENTS = 64
+BURST_SIZE = "64x64"  # each burst request's, in 2 steps
 BURST_CLIENT = Path(benchmarks.burst_client.__file__)
 
 
@@ -74,14 +76,18 @@ def capacity_of(pair: Pair) -> int:
 
 
 def servable(pair: Pair) -> tuple[int, float]:
-    """What the pair can serve within its maximum wait, by what it says of itself: the DiT's places,
-    plus the requests that can start within ``max_queue_wait_seconds`` at the measured pace (at most
-    the queue's length). Returned with the pace it came from."""
-    defaults = ArSettings()
-    pace = sample(pair.ar_url, "ardit_ar_admission_pace_seconds")
+    """What the pair takes of a burst of BURST_SIZE x BURST_STEPS requests at its measured pace, by admission's
+    own rule. Returned with the pace it came from."""
+    settings = ArSettings()
+    pace = sample(pair.ar_url, "ardit_ar_admission_seconds_per_work")
     assert pace > 0, "the pace is measured"
-    waiting = min(defaults.max_queued_requests, math.floor(defaults.max_queue_wait_seconds / pace))
-    return capacity_of(pair) + waiting, pace
+    dit = DitCapabilities.model_validate(httpx.get(f"{pair.dit_url}/readyz").json()["capabilities"])
+    width, height = parse_size(BURST_SIZE)
+    work = dit.defaults.params().model_copy(update={"width": width, "height": height, "num_inference_steps": 2}).work
+    most = admitted_at_once(
+        capacity_of(pair), settings.max_queued_requests, settings.max_queue_wait_seconds, pace, work
+    )
+    return most, pace
 
 
 def burst(pair: Pair, count: int) -> list[tuple[int, float]]:
@@ -89,7 +95,7 @@ def burst(pair: Pair, count: int) -> list[tuple[int, float]]:
     client runs in a process of its own: this one holds the session's in-process AR and DiT, whose
     threads would share its interpreter lock and be timed as the pair's answers."""
     client = subprocess.run(
-        [sys.executable, str(BURST_CLIENT), pair.ar_url, str(count), "64x64", "2"],
+        [sys.executable, str(BURST_CLIENT), pair.ar_url, str(count), BURST_SIZE, "2"],
         capture_output=True,
         check=True,
         timeout=900,
@@ -121,3 +127,47 @@ def test_a_burst_three_times_past_what_can_be_served_is_served_or_refused_withou
     )
     assert served + refused == len(answers) and served and refused
     assert (turns - turns_before, images - images_before) == (served, served)
+
+
+def test_sixteen_requests_at_once_on_a_fresh_pair_are_all_served(tmp_path):
+    """The pair's pace is known before its first request (the DiT's warm-up render), so the first burst is
+    priced by what it costs instead of refused past one round."""
+    # make run's defaults: the demo model at its card's size, steps and guidance
+    with launched_pair(tmp_path / "launcher.log") as pair, concurrent.futures.ThreadPoolExecutor(16) as pool:
+        url = f"{pair.ar_url}/v1/images/generations"
+        answers = list(
+            pool.map(
+                lambda i: httpx.post(url, json={"prompt": f"a green circle {i}", "seed": i}, timeout=600), range(16)
+            )
+        )
+    assert [answer.status_code for answer in answers] == [200] * 16, [a.text[:200] for a in answers]
+
+
+def stages(answer: httpx.Response) -> dict[str, float]:
+    parts = (part.strip().split(";dur=") for part in answer.headers["server-timing"].split(",") if ";dur=" in part)
+    return {name: float(ms) / 1000 for name, ms in parts}
+
+
+def test_heavy_requests_after_light_traffic_are_served_within_the_wait_or_refused_at_once(stack):
+    """Light requests set the pace; then a burst of requests each a hundred times heavier. Priced alike, all would
+    be admitted and the last would start long past the promise; priced by their work, each is a 200 whose render
+    started within ARDIT_AR_MAX_QUEUE_WAIT_SECONDS, or a 429 that did no work."""
+    headers = {"authorization": f"Bearer {API_KEY}"}
+    url = f"{stack.api_base}/images/generations"
+    for seed in range(3):
+        light = {"prompt": "a light one", "size": "64x64", "num_inference_steps": 2, "seed": seed}
+        assert httpx.post(url, json=light, headers=headers, timeout=600).status_code == 200
+    heavy = {"prompt": "a heavy one", "size": "512x512", "num_inference_steps": 40, "n": 4}
+    images_before = sample(stack.dit.url, "ardit_dit_images_total", format="png")
+    with concurrent.futures.ThreadPoolExecutor(12) as pool:
+        answers = list(
+            pool.map(lambda i: httpx.post(url, json=heavy | {"seed": i}, headers=headers, timeout=900), range(12))
+        )
+    served = [a for a in answers if a.status_code == 200]
+    refused = [a for a in answers if a.status_code == 429]
+    assert len(served) + len(refused) == len(answers) and served and refused
+    for answer in served:
+        waited = stages(answer)
+        assert waited["queue"] + waited["dit_queue"] <= stack.settings.max_queue_wait_seconds
+    assert all(int(a.headers["retry-after"]) >= 1 for a in refused)
+    assert sample(stack.dit.url, "ardit_dit_images_total", format="png") - images_before == 4 * len(served)

@@ -43,7 +43,7 @@ def hold_every_slot(stack: Stack) -> list[AdmissionTicket]:
     _, capacity = stack.ar.call(stack.runtime.readiness.require())
 
     async def slot() -> AdmissionTicket:
-        return await stack.runtime.admission.enter(capacity).turn()
+        return await stack.runtime.admission.enter(capacity, 1.0).turn()
 
     return [stack.ar.call(slot()) for _ in range(capacity)]
 

@@ -95,7 +95,7 @@ class Served:
 
         async def take_slots() -> None:
             for _ in range(DIT.capacity.max_outstanding - free):
-                self.admission.enter(DIT.capacity.max_outstanding)
+                self.admission.enter(DIT.capacity.max_outstanding, 1.0)
 
         self.server.call(take_slots())
 
@@ -306,7 +306,7 @@ async def door_with_one_slot(max_queued: int, app: ASGIApp) -> AdmissionDoor:
     ``app``."""
     admission = RequestAdmission(max_queued=max_queued, max_wait=60.0, metrics=ArMetrics(CollectorRegistry()))
     for _ in range(DIT.capacity.max_outstanding - 1):
-        admission.enter(DIT.capacity.max_outstanding)
+        admission.enter(DIT.capacity.max_outstanding, 1.0)
     metrics = AppMetrics(CollectorRegistry(), "ar")
     return AdmissionDoor(app, **door_kwargs(admission, await ready_pair(), metrics, keys=[]))
 
