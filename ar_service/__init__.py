@@ -9,8 +9,6 @@ The names below are the in-process API: what code running beside the service in 
 (benchmarks, tools) may use. Everything else in this package is internal.
 """
 
-__version__ = "0.1.0"
-
 from ar_service.app import ArRuntime, create_ar_app
 from ar_service.dit_pool import dit_session
 from ar_service.engine.final_norm import FinalNorm
@@ -26,6 +24,9 @@ from ar_service.handoff_body import HandoffBody
 from ar_service.handoff_client import HandoffClient
 from ar_service.prompt_builder import PromptBuilder
 from ar_service.settings import ArSettings
+from services.version import VERSION
+
+__version__ = VERSION
 
 __all__ = [
     "ArRuntime",

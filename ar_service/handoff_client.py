@@ -9,9 +9,8 @@ Failures are typed by what they mean for the public API (the mapping to statuses
 ``ar_service/api/serving.py``): ``DitUnavailable`` (unreachable, not ready, failed), ``DitBusy``
 (the DiT has no room: 429), ``DitRejected`` (the DiT refused the request's parameters: 4xx).
 
-The client is aiohttp's, not httpx's: a reservation's round trip to an idle DiT took 0.47 ms with
-aiohttp against 1.02 ms with httpx, and the AR spent 8.3 ms of CPU per image on its event loop
-instead of 11.0 (benchmarks/results/README.md). aiohttp bounds reads (``sock_read``, from the end of
+The client is aiohttp's, not httpx's: it took half httpx's time per round trip and less of the event
+loop's CPU per image (benchmarks/results/handoff_http.md). aiohttp bounds reads (``sock_read``, from the end of
 the body on) but not writes, so a write that waits on a DiT that stopped reading is bounded here.
 """
 

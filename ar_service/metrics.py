@@ -18,11 +18,11 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from ar_service import __version__
 from ar_service.handoff_client import HandoffFailed
 from ar_service.settings import ArSettings
 from services.app_metrics import AppMetrics
 from services.metrics import HANDOFF_BUCKETS, LATENCY_BUCKETS, TOKEN_BUCKETS, Families
+from services.version import VERSION
 
 # The reason a handoff failed: a HandoffFailed's ``reason``, or the AR's own row buffer overflowing.
 ROW_BUFFER_OVERFLOW = "row_buffer_overflow"
@@ -116,7 +116,7 @@ class ArMetrics:
         metrics = cls(registry)
         metrics.build_info.info(
             {
-                "version": __version__,
+                "version": VERSION,
                 "model": settings.model_dir.name,
                 "dtype": settings.engine_dtype,
                 "device": "cuda" if torch.cuda.is_available() else "cpu",

@@ -2,8 +2,8 @@
 
 With CFG the handoff waits for the negative prompt's rows as well as the prompt's. The two are sent to
 the engine together, but vLLM's engine core starts a step as soon as the first arrives, so the negative
-prompt joins only the next step, after the prompt's prefill: 45-74 ms more per request on 2 cores with
-the demo model (benchmarks/results/README.md, "Serving overhead"). Most requests share their negative
+prompt joins only the next step, after the prompt's prefill (what that costs a request:
+benchmarks/results/peer_compare.md, serving overhead). Most requests share their negative
 prompt (the default ``" "``), and its run only encodes (one step, greedy, no sampling), so its rows are
 a function of its token ids: the first run's events are kept and replayed for a repeat.
 

@@ -12,11 +12,12 @@ The names below are the in-process API: what code running beside the service in 
 # ruff: noqa: E402 - the package's names are imported after gguf is marked absent, below
 import sys
 
-__version__ = "0.1.0"
+from services.version import VERSION
 
 # diffusers imports the gguf package whenever it is installed (vLLM installs it beside the AR), for its GGUF
-# loader, and gguf imports mistral_common and OpenCV: 48 MB of the DiT's memory for a format it never reads
-# (it loads diffusers checkpoints). Marked absent before diffusers looks; vLLM imports it for GGUF models only.
+# loader, and gguf imports mistral_common and OpenCV: memory the DiT would hold for a format it never reads
+# (it loads diffusers checkpoints; benchmarks/results/memory_table.md). Marked absent before diffusers looks;
+# vLLM imports it for GGUF models only.
 sys.modules.setdefault("gguf", None)  # type: ignore[arg-type]
 
 from dit_service.app import create_dit_app
@@ -29,6 +30,8 @@ from dit_service.render_job import RenderItem, RenderJob
 from dit_service.renderer import Renderer
 from dit_service.settings import DitSettings
 from dit_service.vae_codec import VaeCodec
+
+__version__ = VERSION
 
 __all__ = [
     "Conditioning",

@@ -15,10 +15,10 @@ from typing import get_args
 import torch
 from prometheus_client import CollectorRegistry, Gauge
 
-from dit_service import __version__
 from dit_service.settings import DitSettings
 from services.app_metrics import AppMetrics
 from services.metrics import LATENCY_BUCKETS, PIXEL_BUCKETS, Families
+from services.version import VERSION
 from shared.diffusion import STEP_CACHE_METHODS, OutputFormat
 from shared.errors import HandoffError
 
@@ -121,7 +121,7 @@ class DitMetrics:
         metrics.pipeline_queue_capacity.set(settings.pipeline_queue_size)
         metrics.build_info.info(
             {
-                "version": __version__,
+                "version": VERSION,
                 "model": settings.expected_model or settings.model_dir.name,
                 "dtype": settings.torch_dtype_name,
                 "device": settings.device,

@@ -46,9 +46,9 @@ class AppMetrics:
             "api_errors", "OpenAI-shaped error bodies sent, by HTTP status and error code.", ("status", "code")
         )
         self.ready = families.gauge("ready", "1 when /readyz answers ready, else 0 (evaluated at each scrape).")
-        # Each label set's series, kept: prometheus_client's ``labels`` checks and locks on every call, 5-7 µs
-        # on a 2-core host, which the AR's door paid three times over in each refusal of a burst. The label
-        # values are bounded (route templates, ``none``, known methods, HTTP statuses, error codes).
+        # Each label set's series, kept: prometheus_client's ``labels`` checks and locks on every call, which the
+        # AR's door would pay three times over in each refusal of a burst. The label values are bounded (route
+        # templates, ``none``, known methods, HTTP statuses, error codes).
         self._response_series: dict[tuple[str, str, str], tuple[Counter, Histogram]] = {}
         self._error_series: dict[tuple[str, str], Counter] = {}
 

@@ -1,26 +1,25 @@
 """The startup heap marked static, and the memory start-up freed given back to the system.
 
 A service imports torch, transformers and diffusers (and the AR, vLLM): millions of objects that
-live as long as the process. Python's oldest-generation collection walks all of them, and here it
-did so every few hundred requests for 0.37-0.53 s with the event loop stopped: a burst's refusals
-all waited behind it (every 429 of a 783-request burst came after 450-590 ms; the door itself
-takes 0.1 ms). ``gc.freeze`` moves what exists once the service is ready into a generation the
-collector ignores — what vLLM's own API server does after start-up (``vllm.utils.gc_utils``);
-objects made later are collected as before.
+live as long as the process. Python's oldest-generation collection walks all of them every few hundred
+requests with the event loop stopped, and a burst's refusals all wait behind it
+(``benchmarks/results/door_burst.md``). ``gc.freeze`` moves what exists once the service is ready into a
+generation the collector ignores — what vLLM's own API server does after start-up
+(``vllm.utils.gc_utils``); objects made later are collected as before.
 
 Loading a model frees much of what it allocated (checkpoint reads, weights replaced by packed
 copies), and glibc's malloc keeps freed memory inside its heap for reuse: only what is free at the
-heap's top goes back on its own. ``malloc_trim`` gives back every free page, wherever it is: 70 MB of
-the AR's engine core and 49 MB of its API process at the defaults (``benchmarks/results/memory_table.json``).
-When it happens matters as much: the service's peak RSS is the sum over its processes at one moment, and
-the AR's engine core starts while the API process still holds what its own start-up freed.
+heap's top goes back on its own. ``malloc_trim`` gives back every free page, wherever it is (how much:
+``benchmarks/results/memory_table.md``). When it happens matters as much: the service's peak RSS is the sum
+over its processes at one moment, and the AR's engine core starts while the API process still holds what its
+own start-up freed.
 
 Serving frees much too: every step's activations. glibc raises its mmap threshold to the size of each
 large block freed (up to 32 MB), so blocks of a few MB come from the heap after the first and stay
-there, scattered: over ``benchmarks/peer_compare.py``'s traffic the AR's engine core kept 73 MB more
-and the DiT 55 MB. ``IdleRelease`` gives them back once a service has had nothing to do for a second.
+there, scattered. ``IdleRelease`` gives them back once a service has had nothing to do for a second.
 Not after every request: the next one would fault its pages in again (a fixed mmap threshold, which
-maps and unmaps every such block each time, cost 5-15% of the images per minute).
+maps and unmaps every such block each time, served fewer images a minute;
+``benchmarks/results/memory_table.md``).
 """
 
 from __future__ import annotations

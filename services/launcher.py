@@ -39,10 +39,9 @@ def service_environment() -> dict[str, str]:
     # The AR's engine and the DiT share this machine's cores, each with an OpenMP team as wide as the
     # machine. libgomp's threads spin at every barrier (300,000 rounds) before they sleep, so when both
     # compute at once a spinning thread holds the core the other's thread waits for; libgomp shortens the
-    # spin itself when one team outnumbers the cores, but cannot see two processes doing so together.
-    # Measured on 2 cores (benchmarks/results, issue 26), ardit against itself at 300,000: 10,000 rounds
-    # serve 1.00-1.19x the images/min in all six peer_compare cells; not spinning at all
-    # (OMP_WAIT_POLICY=PASSIVE) served c=8 1.22x but c=1 12% slower. An operator's GOMP_SPINCOUNT wins.
+    # spin itself when one team outnumbers the cores, but cannot see two processes doing so together. A
+    # short spin served more images a minute than libgomp's default in every peer_compare cell, and more
+    # evenly than not spinning at all (benchmarks/results/peer_compare.md). An operator's GOMP_SPINCOUNT wins.
     env.setdefault("GOMP_SPINCOUNT", str(OPENMP_SPIN_ROUNDS))
     ar_host, dit_host = env.get("ARDIT_AR_HOST", "127.0.0.1"), env.get("ARDIT_DIT_HOST", "127.0.0.1")
     env.setdefault("ARDIT_AR_DIT_URL", f"http://{dit_host}:{env.get('ARDIT_DIT_PORT', '8001')}")

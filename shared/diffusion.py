@@ -55,13 +55,18 @@ def _schedule(sigmas: list[Number]) -> list[Number]:
 Sigmas = Annotated[list[Number], Field(min_length=1, max_length=MAX_SIGMAS), AfterValidator(_schedule)]
 
 
+# The bounds of each step cache's knob, as the public API and the wire both check them.
+FIRST_BLOCK_THRESHOLD = Field(gt=0.0, le=1.0)
+TAYLORSEER_INTERVAL = Field(ge=2, le=MAX_STEP_CACHE_INTERVAL)
+
+
 class FirstBlockCache(WireModel):
     """diffusers' First Block Cache (``FirstBlockCacheConfig``): when the first block's residual changed
     by less than ``threshold`` (relative mean absolute change) since the last full pass, the other
     blocks are skipped and their cached residual reused. Higher is faster and further from uncached."""
 
     method: Literal["first_block"]
-    threshold: Annotated[float, Field(gt=0.0, le=1.0)]
+    threshold: Annotated[float, FIRST_BLOCK_THRESHOLD]
 
 
 class TaylorSeerCache(WireModel):
@@ -69,7 +74,7 @@ class TaylorSeerCache(WireModel):
     first three); between them each attention's output is extrapolated by a first-order Taylor series."""
 
     method: Literal["taylorseer"]
-    interval: Annotated[int, Field(ge=2, le=MAX_STEP_CACHE_INTERVAL)]
+    interval: Annotated[int, TAYLORSEER_INTERVAL]
 
 
 # A step cache skips transformer work between denoising steps, through diffusers' own hooks only.
@@ -127,5 +132,6 @@ class DiffusionParams(WireModel):
     @property
     def work(self) -> float:
         """What the render costs, in the unit admission prices requests in: images x steps x megapixels, twice
-        with CFG (``benchmarks/results/admission.md`` measures how well it predicts a render's time)."""
+        with CFG (the transformer's work grows with each; a model's attention grows faster than its pixels, so
+        the measured pace, per unit, is what keeps the estimate honest for the sizes a pair serves)."""
         return self.num_images * self.num_inference_steps * self.width * self.height / 1e6 * (2 if self.cfg else 1)

@@ -17,8 +17,8 @@ from shared.frame_types import Buffer
 from shared.frames import AbortFrame, CloseFrame, OpenFrame, PixelRole, StreamName, StreamTotals
 from shared.tensor_codec import tensor_bytes, token_ids_to_bytes, wire_dtype
 
-# Frames small enough that the one just hashed is still in cache when it is written out (and,
-# in benchmarks/handoff_codec.py, landed): 4 MB beat 1, 2 and 16 MB there.
+# Frames small enough that the one just hashed is still in cache when it is written out and landed; the size
+# that did best of those tried (benchmarks/results/handoff_codec.md).
 DEFAULT_MAX_FRAME_PAYLOAD = 4 << 20
 
 

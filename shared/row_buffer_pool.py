@@ -1,8 +1,8 @@
 """Reusable host memory for received rows.
 
-A fresh 40 MB buffer costs about three times its own copy in first-touch page faults
-(benchmarks/results/handoff_codec.json); a receiver that handles handoffs back to back keeps a
-few released buffers warm instead. Idle memory is bounded by ``max_idle_bytes``.
+A fresh buffer costs several times its own copy in first-touch page faults
+(benchmarks/results/handoff_codec.md); a receiver that handles handoffs back to back keeps a few
+released buffers warm instead. Idle memory is bounded by ``max_idle_bytes``.
 """
 
 from __future__ import annotations

@@ -17,11 +17,12 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictStr
 
 from shared.diffusion import (
+    FIRST_BLOCK_THRESHOLD,
     MAX_IMAGES,
     MAX_PARTIAL_IMAGES,
     MAX_SEED,
-    MAX_STEP_CACHE_INTERVAL,
     SIZE,
+    TAYLORSEER_INTERVAL,
     FirstBlockCache,
     OutputFormat,
     Sigmas,
@@ -30,6 +31,9 @@ from shared.diffusion import (
 )
 
 Quality = Literal["auto", "low", "medium", "high", "xhigh", "max", "standard", "hd"]
+# Denoising steps by quality when the request names no steps; "auto" (and "standard") take the DiT's announced
+# default. Quality is the knob OpenAI clients have.
+STEPS_BY_QUALITY = {"low": 4, "medium": 8, "high": 20, "hd": 20, "xhigh": 30, "max": 50}
 # What a request may name: the output formats, and OpenAI's two this model cannot produce.
 RequestedFormat = Literal[OutputFormat, "gif", "svg"]
 MAX_PROMPT_CHARS = 32_000
@@ -79,7 +83,7 @@ class FirstBlockCacheRequest(_Request):
     """Skip the other blocks while the first block's residual changes by less than ``threshold``."""
 
     method: Literal["first_block"]
-    threshold: Annotated[Number, Field(gt=0.0, le=1.0)]
+    threshold: Annotated[Number, FIRST_BLOCK_THRESHOLD]
 
     def on_wire(self) -> StepCache:
         return FirstBlockCache(method=self.method, threshold=float(self.threshold))
@@ -89,7 +93,7 @@ class TaylorSeerCacheRequest(_Request):
     """A full transformer pass every ``interval`` steps; attention extrapolated between them."""
 
     method: Literal["taylorseer"]
-    interval: Annotated[Integer, Field(ge=2, le=MAX_STEP_CACHE_INTERVAL)]
+    interval: Annotated[Integer, TAYLORSEER_INTERVAL]
 
     def on_wire(self) -> StepCache:
         return TaylorSeerCache(method=self.method, interval=self.interval)
@@ -131,8 +135,9 @@ class ImageRequest(_Request):
     )
     quality: Quality = Field(
         "auto",
-        description="Sets the default steps (`low` 4, `medium` 8, `high`/`hd` 20, `xhigh` 30, `max` 50; "
-        "`auto`/`standard`: the DiT's default); echoed where OpenAI echoes it.",
+        description="Sets the default steps ("
+        + ", ".join(f"`{quality}` {steps}" for quality, steps in STEPS_BY_QUALITY.items())
+        + "; `auto`/`standard`: the DiT's default); echoed where OpenAI echoes it.",
     )
     response_format: Literal["b64_json", "url"] = Field(
         "b64_json",

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ar_service.api.edit_form import EditForm
-from ar_service.api.protocol import EventPrefix, ImageEditRequest, ImageRequest, RequestedFormat
+from ar_service.api.protocol import STEPS_BY_QUALITY, EventPrefix, ImageEditRequest, ImageRequest, RequestedFormat
 from ar_service.image_generation import EditHandoff, GenerationRequest
 from ar_service.input_images import EditMemory, Held, OutputSize, decode_edit, read_upload
 from ar_service.prompt_builder import BuiltPrompt, PromptBuilder
@@ -33,9 +33,6 @@ from shared.diffusion import DiffusionParams, OutputFormat, StepCache, parse_siz
 from shared.errors import InvalidDiffusionParams
 from shared.frames import PUBLIC_PARAM, StreamName
 
-# Denoising steps by quality when the request names no steps; "auto" (and "standard") take the
-# DiT's announced default. Quality is the knob OpenAI clients have.
-STEPS_BY_QUALITY = {"low": 4, "medium": 8, "high": 20, "hd": 20, "xhigh": 30, "max": 50}
 # An edit's strength when the request names none, by input_fidelity (default "low"): diffusers'
 # own img2img default, and less of the schedule re-run where the input should be kept closely.
 STRENGTH_BY_FIDELITY = {"low": 0.6, "high": 0.3}

@@ -7,19 +7,15 @@ prefix hit brings the hidden rows back with the KV: reading a cached block *is* 
 reconstruction. This connector only reads; it never loads anything into the cache.
 
 Loaded by vLLM from ``kv_transfer_config`` (``kv_connector_module_path``); no fork. One vLLM method
-is wrapped, by the worker role only (see below). It runs in two roles that meet only through the
-per-step metadata (both in the EngineCore process at one device; a multi-device engine runs the
-worker role in its worker processes):
+is wrapped, by the worker role only (see below). vLLM makes one instance per role, which meet only
+through the per-step metadata (``row_reads``); as vLLM's own connectors do, this class only hands each
+of vLLM's calls to its role's object (both in the EngineCore process at one device; a multi-device
+engine runs the worker role in its worker processes):
 
-- scheduler side: each step, for every scheduled request, decide which rows
-  are final after this step — ``[sent, num_computed + scheduled - spec)`` — and ship their cache
-  slots in the metadata. On the first step that range starts at 0 and so includes the rows of
-  prefix-cache hits. When a request finishes, its remaining rows are shipped one step later
-  with ``final`` set, and its blocks are held until the worker has read them.
-- worker side (model process): after the step's draft write (``wait_for_save``) gather those
-  slots, apply the final norm if configured, and push them to the AR service (``RowSender``).
-  On CUDA the device→host copy runs on a side stream and a sender thread waits for it, so the
-  engine step does not block on the copy.
+- scheduler role (``row_scheduler.RowScheduler``): which rows of each request are final after this
+  step, and their cache slots; a finished request's last rows, its blocks held until they are read.
+- worker role (``row_reader.RowReader``, the model's process): after the step's draft write
+  (``wait_for_save``), gather those slots, apply the final norm, and push them to the AR service.
 
 Decode steps carry one token per request: the worker side installs ``draft_free``, which stops the
 capture's proposer from scheduling a duplicate draft token (``kv_connector_extra_config["without_draft"]``).
@@ -37,10 +33,7 @@ it gets here, then it exits.
 from __future__ import annotations
 
 import multiprocessing
-import queue
 import signal
-import threading
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -52,8 +45,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from ar_service.engine import draft_free
-from ar_service.engine.final_norm import FinalNorm
-from ar_service.engine.row_channel import RowSender
+from ar_service.engine.row_reader import RowReader
+from ar_service.engine.row_reads import RowReadMetadata
+from ar_service.engine.row_scheduler import ROW_COUNT_KEY, ROW_QUEUE_KEY, RowScheduler
 from services.lifetime import die_with_parent
 
 if TYPE_CHECKING:
@@ -62,33 +56,7 @@ if TYPE_CHECKING:
     from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.request import Request
 
-ROW_QUEUE_KEY = "ardit_row_queue"
-# Returned to the AR service in RequestOutput.kv_transfer_params on the final output.
-ROW_COUNT_KEY = "ardit_rows"
-
-
-@dataclass
-class RowRead:
-    """Rows ``[start, start + len(slots))`` of one request, at these cache slots."""
-
-    row_queue: str
-    start: int
-    slots: list[int]
-    final: bool = False
-    req_id: str | None = None  # vLLM's id, for finished requests whose blocks we hold
-
-
-@dataclass
-class RowReadMetadata(KVConnectorMetadata):
-    reads: list[RowRead] = field(default_factory=list)  # read in wait_for_save (this step's rows)
-    finishing: list[RowRead] = field(default_factory=list)  # read in get_finished (finished requests)
-
-
-@dataclass
-class _Tracked:
-    request: Request
-    row_queue: str
-    sent: int = 0  # rows [0, sent) have been shipped for reading
+__all__ = ["ROW_COUNT_KEY", "ROW_QUEUE_KEY", "HiddenStateConnector"]
 
 
 class HiddenStateConnector(KVConnectorBase_V1, SupportsHMA):
@@ -110,107 +78,53 @@ class HiddenStateConnector(KVConnectorBase_V1, SupportsHMA):
         missing = sorted({"rows_endpoint", "final_norm", "without_draft"} - extra.keys())
         if missing:
             raise ValueError(f"HiddenStateConnector needs kv_connector_extra_config keys {missing}")
-        self._endpoint: str = extra["rows_endpoint"]
-        self._apply_final_norm: bool = bool(extra["final_norm"])
-        self._group, self._block_size = _hidden_state_group(kv_cache_config)
-        if role == KVConnectorRole.WORKER:
-            if extra["without_draft"]:
-                draft_free.install()  # before the first step: the proposer runs in this process
-            elif draft_free.installed():
-                # An earlier engine in this process wrapped the proposer for good: this one would
-                # run draft-free too and measure the wrong thing.
-                raise RuntimeError("capture_without_draft is off, but this process already runs draft-free")
-        # scheduler side
-        self._tracked: dict[str, _Tracked] = {}
-        self._finishing: list[RowRead] = []
-        # worker side
-        self._kv: torch.Tensor | None = None
-        self._norm: FinalNorm | None = None
-        self._sender: RowSender | None = None
-        self._async_copy: _DeviceToHostSender | None = None
+        group, block_size = _hidden_state_group(kv_cache_config)
+        self._scheduler: RowScheduler | None = None
+        self._worker: RowReader | None = None
+        if role == KVConnectorRole.SCHEDULER:
+            self._scheduler = RowScheduler(group, block_size)
+            return
+        if extra["without_draft"]:
+            draft_free.install()  # before the first step: the proposer runs in this process
+        elif draft_free.installed():
+            # An earlier engine in this process wrapped the proposer for good: this one would
+            # run draft-free too and measure the wrong thing.
+            raise RuntimeError("capture_without_draft is off, but this process already runs draft-free")
+        self._worker = RowReader(vllm_config, extra["rows_endpoint"], bool(extra["final_norm"]), block_size)
 
-    # ---- scheduler side ------------------------------------------------------------------
+    def _scheduler_role(self) -> RowScheduler:
+        if self._scheduler is None:
+            raise RuntimeError("a scheduler-side call on the worker role's connector")
+        return self._scheduler
+
+    def _worker_role(self) -> RowReader:
+        if self._worker is None:
+            raise RuntimeError("a worker-side call on the scheduler role's connector")
+        return self._worker
+
+    # ---- scheduler role ------------------------------------------------------------------
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int, bool]:
         return 0, False  # nothing is loaded from outside; prefix hits are vLLM's own
 
     def update_state_after_alloc(self, request: Request, blocks: Any, num_external_tokens: int) -> None:
-        row_queue = (request.kv_transfer_params or {}).get(ROW_QUEUE_KEY)
-        if row_queue is None:
-            return
-        tracked = self._tracked.get(request.request_id)
-        if tracked is None:
-            self._tracked[request.request_id] = _Tracked(request, row_queue)
-        else:  # resumed after preemption: rows already sent stay sent
-            tracked.request = request
+        self._scheduler_role().allocated(request)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
-        meta = RowReadMetadata(finishing=self._finishing)
-        self._finishing = []
-        block_state = scheduler_output.kv_connector_block_state
-        if block_state is None:
-            raise RuntimeError("vLLM gave the connector no block state for this step")
-        for req_id, scheduled in scheduler_output.num_scheduled_tokens.items():
-            tracked = self._tracked.get(req_id)
-            if tracked is None:
-                continue
-            # num_computed_tokens is still this step's start (already corrected for rejected
-            # drafts); the draft position written this step is final only once accepted, so it
-            # is picked up next step (or at finish).
-            spec = len(scheduler_output.scheduled_spec_decode_tokens.get(req_id, ()))
-            end = tracked.request.num_computed_tokens + scheduled - spec
-            if end > tracked.sent:
-                block_ids = block_state.get_block_ids(req_id)
-                if block_ids is None:
-                    raise RuntimeError(f"no blocks for {req_id}")
-                blocks = block_ids[self._group]
-                meta.reads.append(RowRead(tracked.row_queue, tracked.sent, self._slots(blocks, tracked.sent, end)))
-                tracked.sent = end
-        return meta
+        return self._scheduler_role().metadata(scheduler_output)
 
     def request_finished_all_groups(
         self, request: Request, block_ids: tuple[list[int], ...]
     ) -> tuple[bool, dict[str, Any] | None]:
-        tracked = self._tracked.pop(request.request_id, None)
-        if tracked is None:
-            return False, None
-        # The last sampled token was never an input, so it has no row; an accepted final draft
-        # can leave one in the cache, which is not part of the contract.
-        end = max(tracked.sent, min(request.num_computed_tokens, request.num_tokens - 1))
-        slots = self._slots(block_ids[self._group], tracked.sent, end) if block_ids[self._group] else []
-        self._finishing.append(RowRead(tracked.row_queue, tracked.sent, slots, final=True, req_id=request.request_id))
-        # Hold the blocks until the worker has read the last rows (it reports the id as sent).
-        return True, {ROW_COUNT_KEY: end}
+        return self._scheduler_role().finished(request, block_ids)
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         return self.request_finished_all_groups(request, (block_ids,))
 
-    def _slots(self, blocks: list[int], start: int, end: int) -> list[int]:
-        size = self._block_size
-        return [blocks[p // size] * size + p % size for p in range(start, end)]
-
-    # ---- worker side ---------------------------------------------------------------------
+    # ---- worker role ---------------------------------------------------------------------
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
-        from vllm.config import get_layers_from_vllm_config
-        from vllm.model_executor.models.extract_hidden_states import CacheOnlyAttentionLayer
-
-        layers = list(get_layers_from_vllm_config(self._vllm_config, CacheOnlyAttentionLayer, list(kv_caches)))
-        if len(layers) != 1:
-            raise RuntimeError(f"expected one cache-only hidden-state layer, found {layers}")
-        # [num_blocks, num_captured_layers, block_size, hidden]; one captured layer here.
-        self._kv = kv_caches[layers[0]]
-        if self._kv.shape[2] != self._block_size:
-            raise RuntimeError(
-                f"hidden-state cache blocks hold {self._kv.shape[2]} tokens, its KV cache group says {self._block_size}"
-            )
-        if self._apply_final_norm:
-            model = self._vllm_config.model_config
-            norm = FinalNorm.from_checkpoint(model.model, eps=model.hf_text_config.rms_norm_eps)
-            self._norm = norm.to(self._kv.device)
-        self._sender = RowSender(self._endpoint)
-        if self._kv.is_cuda:
-            self._async_copy = _DeviceToHostSender(self._sender)
+        self._worker_role().register(kv_caches)
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         pass
@@ -223,15 +137,16 @@ class HiddenStateConnector(KVConnectorBase_V1, SupportsHMA):
 
     def wait_for_save(self) -> None:
         # Runs after this step's draft write on both model runners: the rows are in the cache.
+        worker = self._worker_role()
         for read in self._metadata().reads:
-            self._push(read)
+            worker.push(read)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         # Only finished requests' rows are read here: on the V1 runner this hook runs before the
         # step's draft write, and finished requests are no longer written.
-        done: set[str] = set()
+        worker, done = self._worker_role(), set()
         for read in self._metadata().finishing:
-            self._push(read)
+            worker.push(read)
             if read.req_id is not None:
                 done.add(read.req_id)
         # Reporting them as sent lets the scheduler free the blocks we held.
@@ -246,21 +161,6 @@ class HiddenStateConnector(KVConnectorBase_V1, SupportsHMA):
             raise TypeError(f"unexpected connector metadata {type(meta).__name__}")
         return meta
 
-    def _push(self, read: RowRead) -> None:
-        if self._kv is None or self._sender is None:
-            raise RuntimeError("rows to read before register_kv_caches")
-        if read.slots:
-            slots = torch.tensor(read.slots, dtype=torch.long, device=self._kv.device)
-            rows = self._kv[slots // self._block_size, 0, slots % self._block_size]  # gathered copy
-            if self._norm is not None:
-                rows = self._norm(rows)
-        else:
-            rows = self._kv.new_empty((0, self._kv.shape[-1]))
-        if self._async_copy is not None:
-            self._async_copy.submit(read, rows)
-        else:
-            self._sender.send(read.row_queue, read.start, rows, read.final)
-
     def get_finished_count(self) -> int | None:
         return 1  # the hidden-state layer is not sharded: one worker reports and sends
 
@@ -269,41 +169,8 @@ class HiddenStateConnector(KVConnectorBase_V1, SupportsHMA):
         return None  # with one captured layer every layout keeps a token's row contiguous
 
     def shutdown(self) -> None:
-        if self._async_copy is not None:
-            self._async_copy.close()
-        if self._sender is not None:
-            self._sender.close()
-
-
-class _DeviceToHostSender:
-    """CUDA only: copy rows to pinned host memory on a side stream; a thread sends when ready."""
-
-    def __init__(self, sender: RowSender) -> None:
-        self._sender = sender
-        self._stream = torch.cuda.Stream()
-        self._queue: queue.Queue[tuple[RowRead, torch.Tensor, torch.cuda.Event] | None] = queue.Queue()
-        self._thread = threading.Thread(target=self._run, name="ardit-rows-d2h", daemon=True)
-        self._thread.start()
-
-    def submit(self, read: RowRead, rows: torch.Tensor) -> None:
-        self._stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(self._stream):
-            host = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=True)
-            host.copy_(rows, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record(self._stream)
-        rows.record_stream(self._stream)  # keep the device gather alive until the copy is done
-        self._queue.put((read, host, event))
-
-    def _run(self) -> None:
-        while (item := self._queue.get()) is not None:
-            read, host, event = item
-            event.synchronize()
-            self._sender.send(read.row_queue, read.start, host, read.final)
-
-    def close(self) -> None:
-        self._queue.put(None)
-        self._thread.join(timeout=5)
+        if self._worker is not None:
+            self._worker.close()
 
 
 def _hidden_state_group(kv_cache_config: KVCacheConfig) -> tuple[int, int]:

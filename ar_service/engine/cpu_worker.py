@@ -4,13 +4,13 @@ When a model loads on CPU, vLLM 0.32 readies every vocabulary-sized layer for a 
 (``dispatch_cpu_unquantized_gemm``): oneDNN packs a copy of its weight, kept by the layer's
 ``cpu_linear``. The LM head multiplies with it. The input embedding only looks rows up (``F.embedding``
 on the weight itself) and never multiplies, yet gets a packed copy of its own: with tied embeddings, as
-SmolLM2 has, a third copy of the vocabulary matrix, 108 MiB of the engine core at the demo model. Then
+SmolLM2 has, a third copy of the vocabulary matrix (benchmarks/results/memory_table.md). Then
 the pages loading freed (checkpoint reads, weights replaced by packed copies) go back to the system
 (``services.heap``).
 
 Both happen inside ``load_model``, before the KV cache is allocated: done once the engine was up, they
 came after the engine core's start-up peak, which was the peak of the whole service
-(``benchmarks/results/memory_table.json``). The AR names this class as the engine's ``worker_cls`` on
+(``benchmarks/results/memory_table.md``). The AR names this class as the engine's ``worker_cls`` on
 CPU only, by its path (``hidden_state_engine.CPU_WORKER_CLASS``), so that only the engine core imports it.
 """
 

@@ -153,9 +153,9 @@ class HiddenStateEngine:
         if current_platform.is_cpu() and config.parallel_config.world_size == 1:
             # vLLM's CPU platform swaps the in-process executor for its multiprocess one whenever the engine
             # core has a process of its own, as under AsyncLLM it always does. The model would then run in a
-            # third process that imports torch and vLLM again (587 MB of peak RSS here) and, for a second
-            # after every step, spins on the shared-memory queue that feeds it, on a core the DiT needs: the
-            # same 24 images took twice as long (benchmarks/results, issue 26). Here it runs on the engine
+            # third process that imports torch and vLLM again and, for a second after every step, spins on the
+            # shared-memory queue that feeds it, on a core the DiT needs (what it cost in memory and images:
+            # benchmarks/results/memory_table.md). Here it runs on the engine
             # core's own thread, as vLLM runs it at one GPU. What is given up is vLLM's pinning of the
             # model's OpenMP threads to cores (VLLM_CPU_OMP_THREADS_BIND); OMP_NUM_THREADS still applies.
             config.parallel_config.distributed_executor_backend = "uni"
@@ -281,7 +281,7 @@ class HiddenStateEngine:
 
     async def _return_free_pages(self) -> int:
         """What serving freed in the engine core back to the system, once idle (``services.heap``); the bytes
-        that went back. Not this process's: it keeps little (5 MB over a benchmark's cells), and while
+        that went back. Not this process's: it keeps little (benchmarks/results/memory_table.md), and while
         ``malloc_trim`` holds its heap the event loop waits on every allocation, the door's refusals too."""
         if not self._core_returns_pages or self._engine is None:
             return 0
