@@ -14,7 +14,16 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from services.checkpoints import AR_MODEL, default_model_dir
 from services.dtype import DtypeName, default_dtype
 from services.heap import RELEASE_IDLE_SECONDS
-from services.settings import HandoffToken, LogLevel, NonNegative, Port, Positive, ReleaseIdleSeconds, Seconds
+from services.settings import (
+    DEFAULT_DRAIN_SECONDS,
+    HandoffToken,
+    LogLevel,
+    NonNegative,
+    Port,
+    Positive,
+    ReleaseIdleSeconds,
+    Seconds,
+)
 
 # Qwen-Image's own prompt template: the DiT was trained on the rows after its system prefix.
 QWEN_IMAGE_TEMPLATE = (
@@ -142,7 +151,7 @@ class ArSettings(BaseSettings):
         "(a NetworkPolicy decides who reaches it); every other path there is a 404. None: no second port.",
     )
     drain_seconds: Seconds = Field(
-        150.0,
+        DEFAULT_DRAIN_SECONDS,
         description="On SIGTERM, how long admitted requests may finish (new ones get 503) before the service stops; "
         "covers a request admitted at the longest queue wait (120 s) and its render.",
     )

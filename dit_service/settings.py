@@ -11,7 +11,16 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from services.checkpoints import DIT_MODEL, default_model_dir
 from services.dtype import DtypeName, default_dtype
 from services.heap import RELEASE_IDLE_SECONDS
-from services.settings import HandoffToken, LogLevel, NonNegative, Port, Positive, ReleaseIdleSeconds, Seconds
+from services.settings import (
+    DEFAULT_DRAIN_SECONDS,
+    HandoffToken,
+    LogLevel,
+    NonNegative,
+    Port,
+    Positive,
+    ReleaseIdleSeconds,
+    Seconds,
+)
 from shared.diffusion import MAX_IMAGES, Size
 from shared.frame_codec import FrameLimits
 from shared.handoff_assembler import AssemblyCaps
@@ -46,7 +55,7 @@ class DitSettings(BaseSettings):
     host: str = Field("127.0.0.1", description="Bind address.")
     port: Port = Field(8001, description="Bind port.")
     drain_seconds: Seconds = Field(
-        150.0,
+        DEFAULT_DRAIN_SECONDS,
         description="On SIGTERM, how long reserved and running handoffs may finish (new reservations get 503) "
         "before the service stops.",
     )

@@ -3,11 +3,14 @@
 Both get the same internal handoff token (a fresh random one unless ``ARDIT_HANDOFF_TOKEN`` is
 set). The launcher prints the URL once the AR is ready, then supervises: a service that exits is
 restarted with exponential backoff while the other keeps running (the AR answers 503 ``not_ready``
-while its DiT is down, and serves again as soon as the DiT is back). A service that crashes
-``MAX_CRASHES`` times within ``CRASH_WINDOW_SECONDS`` is given up on, loudly, and the launcher
-stops everything and exits non-zero. Ctrl-C or SIGTERM stops both. The services get a
-parent-death signal, so they do not outlive a launcher that is killed outright. Every other
-setting passes through from the environment (``ARDIT_AR_*``, ``ARDIT_DIT_*``, see README).
+while its DiT is down, and serves again as soon as the DiT is back). A service that exits 0 stopped
+because it was asked to (it drained): it is started again at once, and it is not a crash. A service that
+crashes ``MAX_CRASHES`` times within ``CRASH_WINDOW_SECONDS`` is given up on, loudly, and the launcher
+stops everything and exits non-zero. Ctrl-C or SIGTERM stops both as stopping one does: each drains
+(SIGTERM: admitted work finishes within its drain period, new requests get 503, unfinished streams end
+with an ``error`` event), and the launcher exits 0 once they have; a second Ctrl-C stops them at once.
+The services get a parent-death signal, so they do not outlive a launcher that is killed outright. Every
+other setting passes through from the environment (``ARDIT_AR_*``, ``ARDIT_DIT_*``, see README).
 """
 
 from __future__ import annotations
@@ -25,11 +28,14 @@ from dataclasses import dataclass, field
 
 from services.fatal import EXIT_SETTINGS
 from services.lifetime import die_with_parent
+from services.settings import DEFAULT_DRAIN_SECONDS
 
 MAX_CRASHES = 5
 CRASH_WINDOW_SECONDS = 120.0
 BACKOFF_SECONDS = (1.0, 30.0)  # first restart delay, longest
 POLL_SECONDS = 0.5
+# What a draining service may take past its drain period to close its engine and exit.
+STOP_MARGIN_SECONDS = 30.0
 OPENMP_SPIN_ROUNDS = 10_000
 
 
@@ -88,17 +94,28 @@ class Service:
         self.restart_at = now + min(longest, first * 2 ** (len(self.crashes) - 1))
         return True
 
-    def stop(self) -> None:
+    def drain(self) -> None:
+        """Ask it to stop as an orchestrator does (SIGTERM): it finishes what it admitted first."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+
+    def stop_now(self) -> None:
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGINT)
 
-    def wait_stopped(self) -> None:
+    def wait_stopped(self, seconds: float) -> None:
         if self.process is None:
             return
         try:
-            self.process.wait(timeout=20)
+            self.process.wait(timeout=seconds)
         except subprocess.TimeoutExpired:
             self.process.kill()
+            self.process.wait()
+
+    @property
+    def drain_seconds(self) -> float:
+        prefix = "ARDIT_AR_" if self.module == "ar_service" else "ARDIT_DIT_"
+        return float(self.env.get(f"{prefix}DRAIN_SECONDS", DEFAULT_DRAIN_SECONDS))
 
 
 def ready(url: str) -> bool:
@@ -123,6 +140,10 @@ def supervise(services: list[Service], url: str, ready_timeout: float) -> int:
             if code == EXIT_SETTINGS:
                 say(f"{service.name} cannot start with these settings (see above); not restarting it")
                 return 1
+            if code == 0:  # asked to stop, and drained: not a crash
+                say(f"{service.name} stopped (it was asked to); starting it again")
+                service.start()
+                continue
             if code is not None:
                 if not service.crashed(now):
                     say(f"{service.name} crashed {MAX_CRASHES} times within {CRASH_WINDOW_SECONDS:g} s; giving up")
@@ -154,10 +175,23 @@ def main() -> int:
     except KeyboardInterrupt:
         return 0
     finally:
+        stop(services)
+
+
+def stop(services: list[Service]) -> None:
+    """Drain every service, and wait for them (each at most its drain period and a margin); a second Ctrl-C or
+    SIGTERM meanwhile stops them at once."""
+    for service in services:
+        service.drain()
+    try:
         for service in services:
-            service.stop()
+            service.wait_stopped(service.drain_seconds + STOP_MARGIN_SECONDS)
+    except KeyboardInterrupt:
+        say("stopping now, without waiting for the requests in flight")
         for service in services:
-            service.wait_stopped()
+            service.stop_now()
+        for service in services:
+            service.wait_stopped(STOP_MARGIN_SECONDS)
 
 
 if __name__ == "__main__":

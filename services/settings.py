@@ -23,6 +23,9 @@ HandoffToken = Annotated[
     ),
 ]
 LogLevel = Annotated[str, Field(description="Root log level.")]
+# How long a service asked to stop lets admitted work finish: a request admitted at the AR's longest wait before
+# its render starts (120 s) and its render. Both services' default, and the launcher's when it stops them.
+DEFAULT_DRAIN_SECONDS = 150.0
 ReleaseIdleSeconds = Annotated[
     float,
     Field(ge=0, description="Seconds with nothing in flight before free memory goes back to the system (0: never)."),

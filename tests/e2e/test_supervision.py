@@ -133,3 +133,35 @@ def test_services_do_not_outlive_a_killed_launcher(pair):
     pair.launcher.wait(10)
     _, alive = psutil.wait_procs(everything, timeout=60)
     assert not alive, [p.pid for p in alive]
+
+
+def test_stopping_the_launcher_drains_the_pair_as_stopping_the_ar_does(tmp_path):
+    """SIGTERM to `make run`'s launcher: admitted work may finish within the drain period, a stream ends with its
+    last image or, unfinished at the drain's end, with an ``error`` event (never cut off without one), new requests
+    get 503 while the pair drains, and the launcher exits 0. A drain period of 3 s here stands for the default
+    150 s, so that a long render is likely to outlast it."""
+    drain = {"ARDIT_AR_DRAIN_SECONDS": "3", "ARDIT_DIT_DRAIN_SECONDS": "3"}
+    with launched_pair(tmp_path / "launcher.log", PLUMBING_DIT_MODEL_DIR, drain) as pair:
+        body = {"prompt": "a long one", "size": "1024x1024", "n": 4, "num_inference_steps": 100, "stream": True}
+        with httpx.stream("POST", f"{pair.ar_url}/v1/images/generations", json=body, timeout=120) as stream:
+            assert stream.status_code == 200
+            wait_for(lambda: sample(pair.dit_url, "ardit_dit_pipeline_runs_in_flight") == 1, 60, "it renders")
+            pair.launcher.send_signal(signal.SIGTERM)
+            meanwhile = wait_for_answer(lambda: pair.generate(timeout=30))
+            events = [line for line in stream.iter_lines() if line.startswith("event:")]
+        assert pair.launcher.wait(60) == 0
+    assert meanwhile.status_code == 503 and error_code(meanwhile) == "shutting_down"
+    assert events[-1] in {"event: error", "event: image_generation.completed"}
+    log = pair.log.read_text()
+    assert "crashed" not in log and "exited with code" not in log
+
+
+def wait_for_answer(ask) -> httpx.Response:
+    """The first answer to ``ask`` that is not a refused connection (the drain starts as the signal lands)."""
+    started = time.monotonic()
+    while True:
+        try:
+            return ask()
+        except httpx.TransportError:
+            assert time.monotonic() - started < 30, "no answer while draining"
+            time.sleep(0.1)

@@ -40,6 +40,15 @@ def test_a_service_that_keeps_crashing_makes_the_launcher_give_up(monkeypatch, c
 
 
 @pytest.mark.slow
+def test_a_service_that_exits_0_stopped_as_asked_and_is_started_again_without_counting_a_crash(capsys):
+    stopped = Service("site", "site", dict(os.environ))  # `python -m site` prints and exits 0
+    stopped.start()
+    assert supervise([stopped], f"http://127.0.0.1:{free_port()}", ready_timeout=3) == 1  # never ready: a guard
+    assert stopped.crashes == deque()
+    assert "site stopped (it was asked to); starting it again" in capsys.readouterr().err
+
+
+@pytest.mark.slow
 def test_a_service_that_cannot_start_with_its_settings_is_not_restarted(tmp_path, capsys):
     env = {**os.environ, "ARDIT_AR_MODEL_DIR": str(tmp_path / "absent"), "ARDIT_AR_PORT": str(free_port())}
     ar = Service("ar", "ar_service", env)
