@@ -23,7 +23,8 @@ model must predict e2e.json's measured end-to-end latencies within CALIBRATION_T
 
     python benchmarks/fleet_sim.py [--requests 3000] [--seed 7] [--coefficients gpu.json]
 
-Writes benchmarks/results/fleet_sim.json, fleet_sim.md and fleet_sim.png.
+Writes benchmarks/results/fleet_sim.json and fleet_sim.png, and prints the tables of the page,
+benchmarks/results/fleet_sim.md (which adds what they are and how to read them).
 """
 
 from __future__ import annotations
@@ -556,7 +557,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(report))
     plot(report, args.out.with_suffix(".png"))
     print(markdown(report))
 

@@ -103,8 +103,8 @@ def main() -> int:
         started = time.perf_counter()
         full.images.generate(model="ardit", prompt=PROMPT, size="64x64", extra_body={**extra, "seed": seed})
         whole.append(time.perf_counter() - started)
-    # Measured rather than fixed: on 2 cores a 100-step render took 0.7-1.7 s on one evening, its first step up
-    # to 0.9 s of that while the AR's vLLM worker process still spun (benchmarks/results/README.md, issue 26).
+    # Measured rather than fixed: a 100-step render's time varies from one run to the next on a shared 2-core
+    # machine (benchmarks/results/step_cache.md).
     args.give_up = args.give_up or statistics.median(whole) / 2
     idle(args.dit_metrics)
     readings = [dit_metrics(args.dit_metrics)]

@@ -521,7 +521,7 @@ def model_card(vae: AutoencoderKLQwenImage, transformer: QwenImageTransformer2DM
         "default_guidance_scale": DEFAULT_GUIDANCE_SCALE,
         "default_step_cache": DEFAULT_STEP_CACHE,
         # Its ops are too small to split: one thread served 1.06-1.16x the images/min of one per core in all six
-        # peer_compare cells on 2 cores, and freed the other core for the AR (benchmarks/results/dit_threads_ab.json).
+        # peer_compare cells on 2 cores, and freed the other core for the AR (benchmarks/results/peer_compare.md).
         "cpu_threads": 1,
         "hidden_layer": args.hidden_layer,
     }
