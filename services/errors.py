@@ -97,6 +97,8 @@ def _param_of(loc: tuple[int | str, ...]) -> str | None:
 
 
 ErrorObserver = Callable[[ApiError], None]
+# The error code of an HTTP error the framework raised itself, by status.
+_HTTP_CODES = {400: "invalid_request", 408: "request_timeout", 413: "request_too_large", 415: "unsupported_media_type"}
 
 
 def install_error_handlers(app: FastAPI, on_error: ErrorObserver) -> None:
@@ -109,8 +111,13 @@ def install_error_handlers(app: FastAPI, on_error: ErrorObserver) -> None:
         return respond(exc)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        content_type = request.headers.get("content-type")
+        if tuple(first.get("loc", ())) == ("body",) and not (content_type or "").startswith("application/json"):
+            # A body sent without JSON's content type is not read as JSON at all: say which header to send.
+            message = f"the body is read as JSON only with Content-Type: application/json (sent: {content_type})"
+            return respond(ApiError(400, message, code="invalid_json"))
         if first.get("type") == "json_invalid":
             # loc is ("body", <offset>): where the JSON broke, not a parameter.
             where = first.get("loc", ("body", "?"))[-1]
@@ -134,4 +141,5 @@ def install_error_handlers(app: FastAPI, on_error: ErrorObserver) -> None:
             return respond(ApiError(405, message, code="method_not_allowed", headers={"Allow": allowed}))
         if exc.status_code == 404:
             return respond(ApiError(404, f"Invalid URL ({target})", code="not_found"))
-        return respond(ApiError(exc.status_code, str(exc.detail), headers=dict(exc.headers or {})))
+        code = _HTTP_CODES.get(exc.status_code, "http_error")  # never a null code, whatever the framework raised
+        return respond(ApiError(exc.status_code, str(exc.detail), code=code, headers=dict(exc.headers or {})))

@@ -57,6 +57,7 @@ def server(app: FastAPI, host: str, port: int) -> DrainingServer:
         port=port,
         http="httptools",
         log_config=None,
+        server_header=False,  # no "server: uvicorn": what runs the services is nobody's business
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
     )
     guard: SlowReaders | None = getattr(app.state, "slow_readers", None)

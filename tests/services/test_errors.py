@@ -12,6 +12,7 @@ from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tests.support.bare_app import Body, bare_app
 from tests.support.live_server import LiveServer
@@ -27,6 +28,10 @@ def build_app() -> tuple[FastAPI, CollectorRegistry]:
     @app.get("/v1/broken")
     async def broken() -> None:
         raise RuntimeError("a bug")
+
+    @app.get("/v1/refused-by-the-framework")
+    async def refused() -> None:
+        raise StarletteHTTPException(400, "There was an error parsing the body")
 
     @app.get("/v1/broken-midway")
     async def broken_midway() -> StreamingResponse:
@@ -53,6 +58,32 @@ def test_a_body_that_is_not_json_says_where_it_broke(served):
     error = response.json()["error"]
     assert error["code"] == "invalid_json" and error["param"] is None
     assert "not valid JSON" in error["message"] and "at character 7" in error["message"]
+
+
+@pytest.mark.parametrize("content_type", [None, "text/plain"])
+def test_a_json_body_sent_without_jsons_content_type_is_a_400_naming_the_header(served, content_type):
+    client, _ = served
+    headers = {} if content_type is None else {"content-type": content_type}
+    response = client.post("/v1/things", content=b'{"n": 1}', headers=headers)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "invalid_json" and "Content-Type: application/json" in error["message"]
+
+
+def test_an_error_the_framework_raises_itself_has_a_code(served):
+    client, _ = served
+    response = client.get("/v1/refused-by-the-framework")
+    assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_request"
+
+
+def test_no_answer_says_which_server_runs_the_service():
+    app, _ = build_app()
+    server = LiveServer(app).start()
+    try:
+        answer = httpx.get(f"{server.url}/healthz")
+    finally:
+        server.stop()
+    assert answer.status_code == 200 and "server" not in answer.headers
 
 
 def test_a_wrong_method_names_the_method_and_the_one_allowed(served):
