@@ -6,25 +6,30 @@ flight, where ``capacity`` is what the DiTs announced they hold (``DitCapacity.m
 the AR never prefills a request the DiTs have no room for. A request beyond that waits in line,
 first come first served.
 
-Each request is priced in units of work (``DiffusionParams.work``: images x steps x megapixels, twice
-with CFG), and the pair's pace in seconds per unit of work. A request's wait before its render starts is
-the work of everything admitted before it and not yet finished (in flight, and in line) at that pace: it
-is admitted if that fits ``max_wait``, and refused with 429 at once otherwise, with ``Retry-After`` the
-time until it would fit. So a request admitted is served within the promise, however heavy the requests
-ahead of it, and one that is not waits for nothing. A request admitted to the line leaves it only to start,
-or when its client leaves.
+Each request is priced by what it asks (its ``Load``: one request, the megapixels of its images, its
+denoising work) at the pair's pace (``Pace``: seconds for each of those). A request's wait before its
+render starts is what everything admitted before it and not yet finished (in flight, and in line) costs
+at that pace: it is admitted if that fits ``max_wait``, and refused with 429 at once otherwise, with
+``Retry-After`` the time until it would fit. So a request admitted is served within the promise, however
+heavy the requests ahead of it, and one that is not waits for nothing. A request admitted to the line leaves
+it only to start, or when its client leaves.
 
-The pace is measured as the pair completes requests: the time between completions divided by the
-completed request's work, over the last ``_WINDOW`` of them, preferring those that ended while others
-waited in line (the rate at which a line moves). Until a completion, it is the pace the DiTs measured in
-their warm-up render (``DitCapabilities.seconds_per_work``), so a fresh pair admits its first burst by what
-it costs. A DiT that announces no pace leaves it unknown: then one round of ``capacity`` requests may wait,
-the rest are refused.
+The DiTs measure the pace's parts in their warm-up (``DitCapabilities.pace``): that prices a fresh pair's
+first burst by what it costs. The pair's own pace is measured as it completes requests: the time between
+completions over the last ``_WINDOW`` of them, preferring those that ended while others waited in line (the
+rate at which a line moves), against what the warm-up pace says they cost; the warm-up pace scaled by that
+ratio is the pace. The scale is what one render alone on an idle DiT cannot tell (the AR's engine, batches,
+a busy machine); the split is what a window of requests all of one size cannot. A DiT that announces no pace
+leaves the split to the work alone, and the pace unknown until a completion: then one round of ``capacity``
+requests may wait, the rest are refused.
 
 A request takes its place at arrival, before its body is parsed (``AdmissionDoor``), priced as the DiTs'
 default request; once validated, serving prices it as what it really asks (``AdmissionPlace.price``), which
-is what the requests after it are priced against. Its place then travels with the request to serving,
-which waits for its turn (``AdmissionPlace.turn``); a place given up before its turn lets the line move on.
+is what the requests after it are priced against. Requests of a burst all arrive before the first is priced,
+so each is checked again when it is: if the requests before it, at their real prices, would hold its render
+past ``max_wait``, it is refused then (429, before any work), not admitted past the promise. Its place then
+travels with the request to serving, which waits for its turn (``AdmissionPlace.turn``); a place given up
+before its turn lets the line move on.
 
 Everything runs on the event loop thread, so plain counters and futures are enough.
 """
@@ -38,9 +43,12 @@ from collections import deque
 
 from ar_service.metrics import ArMetrics
 from services.errors import Overloaded
+from shared.capabilities import Load, Pace
 
 # Completions the pace is measured over.
 _WINDOW = 32
+# How the time of a request splits where the DiTs announced no pace: all of it by its work.
+_BY_WORK_ALONE = Pace(per_request=0.0, per_work=1.0)
 # Bounds of Retry-After, in seconds.
 _RETRY_AFTER = (1, 60)
 
@@ -64,11 +72,11 @@ class AdmissionPlace:
     """A request's place, taken at arrival: a slot already, or a turn in line. ``turn`` gives the slot
     as a ticket (waiting for it if needed); ``leave`` gives the place up, once, if the ticket was not taken."""
 
-    def __init__(self, admission: RequestAdmission, turn: asyncio.Future[None], work: float) -> None:
+    def __init__(self, admission: RequestAdmission, turn: asyncio.Future[None], load: Load) -> None:
         self._admission = admission
         self._turn = turn
-        self.work = work
-        self.counted = False  # in the admission's work ahead of later arrivals
+        self.load = load
+        self.counted = False  # in the admission's load ahead of later arrivals
         self._entered_at = time.monotonic()
         self._settled = False
 
@@ -85,9 +93,10 @@ class AdmissionPlace:
         """Its turn has come: the slot is its own."""
         self._turn.set_result(None)
 
-    def price(self, work: float) -> None:
-        """What the request really asks, once known: the requests after it are priced against it."""
-        self._admission.repriced(self, work)
+    def price(self, load: Load) -> None:
+        """What the request really asks, once known: the requests after it are priced against it. ``Overloaded``
+        when the requests before it, at their prices, would hold its render past the wait promised."""
+        self._admission.repriced(self, load)
 
     async def turn(self) -> AdmissionTicket:
         try:
@@ -112,13 +121,14 @@ class RequestAdmission:
         self._metrics = metrics
         self._waiting: deque[AdmissionPlace] = deque()
         self._running = 0
-        self._work_ahead = 0.0  # of every place admitted and not finished, in flight or in line
+        self._ahead = Load()  # of every place admitted and not finished, in flight or in line
+        self._counted: dict[AdmissionPlace, None] = {}  # those places, in the order they arrived
         self._capacity = 1
-        self._announced: float | None = None
-        # (seconds between completions while busy, the completed request's work), and those that ended with
+        self._announced: Pace | None = None
+        # (seconds between completions while busy, the completed request's load), and those that ended with
         # requests waiting in line.
-        self._busy: deque[tuple[float, float]] = deque(maxlen=_WINDOW)
-        self._line: deque[tuple[float, float]] = deque(maxlen=_WINDOW)
+        self._busy: deque[tuple[float, Load]] = deque(maxlen=_WINDOW)
+        self._line: deque[tuple[float, Load]] = deque(maxlen=_WINDOW)
         self._busy_since: float | None = None
         self._last_completion = float("-inf")
 
@@ -126,10 +136,10 @@ class RequestAdmission:
     def in_flight(self) -> int:
         return self._running
 
-    def enter(self, capacity: int, work: float, announced_pace: float | None = None) -> AdmissionPlace:
-        """A slot among ``capacity`` now, or a place in line, for a request priced at ``work`` until it is
+    def enter(self, capacity: int, load: Load, announced_pace: Pace | None = None) -> AdmissionPlace:
+        """A slot among ``capacity`` now, or a place in line, for a request priced at ``load`` until it is
         priced again; ``Overloaded`` (429) at once when the line is full or the wait would be longer than
-        ``max_wait``. ``announced_pace``: the DiTs' own seconds per unit of work."""
+        ``max_wait``. ``announced_pace``: the DiTs' own, from their warm-up."""
         self._capacity = capacity
         if announced_pace is not None:
             self._announced = announced_pace
@@ -142,7 +152,7 @@ class RequestAdmission:
         if self._running < capacity and not self._waiting:
             started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             started.set_result(None)
-            place = AdmissionPlace(self, started, work)
+            place = AdmissionPlace(self, started, load)
             self._start(place)
             return place
         ahead = len(self._waiting)
@@ -150,41 +160,61 @@ class RequestAdmission:
             raise self._refuse(f"the queue is full ({self._max_queued} requests wait)", wait)
         if wait is None and ahead >= capacity:
             raise self._refuse("the pace of this service is not measured yet; one round may wait", wait)
-        place = AdmissionPlace(self, asyncio.get_running_loop().create_future(), work)
+        place = AdmissionPlace(self, asyncio.get_running_loop().create_future(), load)
         self._waiting.append(place)
         self._count(place)
         self._metrics.requests_queued.set(len(self._waiting))
         return place
 
     @property
-    def pace(self) -> float | None:
-        """Seconds per unit of work: measured as the line moves (else while busy), else the DiTs' announced
+    def pace(self) -> Pace | None:
+        """The announced pace scaled to what the pair took as the line moved (else while busy), else the announced
         one; None when neither is known."""
         window = self._line or self._busy
-        if window:
-            return sum(seconds for seconds, _ in window) / sum(work for _, work in window)
-        return self._announced
+        if not window:
+            return self._announced
+        split = self._announced or _BY_WORK_ALONE
+        took = sum(seconds for seconds, _ in window)
+        priced = sum(split.seconds(load) for _, load in window)
+        if priced <= 0:  # a split that prices these requests at nothing: then their time is all per request
+            return Pace(per_request=took / len(window), per_work=0.0)
+        return split.scaled(took / priced)
 
     def estimated_wait(self) -> float | None:
-        """Seconds until a request arriving now would start its render: the work of everything admitted and
-        not finished, at the pace."""
+        """Seconds until a request arriving now would start its render: what everything admitted and not finished
+        costs, at the pace."""
         pace = self.pace
-        return None if pace is None else self._work_ahead * pace
+        return None if pace is None else pace.seconds(self._ahead)
 
-    def repriced(self, place: AdmissionPlace, work: float) -> None:
+    def repriced(self, place: AdmissionPlace, load: Load) -> None:
         if place.counted:
-            self._work_ahead += work - place.work
-        place.work = work
+            self._ahead += load - place.load
+        place.load = load
+        pace = self.pace
+        if pace is None or not place.counted:
+            return
+        before = Load()
+        for other in self._counted:
+            if other is place:
+                break
+            before += other.load
+        wait = pace.seconds(before)
+        if wait > self._max_wait:
+            raise self._refuse(f"the wait would be about {wait:.0f} s, over {self._max_wait:g} s", wait)
 
     def finished(self, place: AdmissionPlace, served: bool) -> None:
-        if served and place.work > 0:
+        if served:
             now = time.monotonic()
             since = max(self._last_completion, self._busy_since if self._busy_since is not None else now)
-            sample = (now - since, place.work)
+            sample = (now - since, place.load)
             self._busy.append(sample)
             if self._waiting:
                 self._line.append(sample)
-            self._metrics.admission_seconds_per_work.set(self.pace or 0.0)
+            pace = self.pace
+            if pace is not None:
+                self._metrics.admission_seconds_per_request.set(pace.per_request)
+                self._metrics.admission_seconds_per_megapixel.set(pace.per_megapixel)
+                self._metrics.admission_seconds_per_work.set(pace.per_work)
             self._last_completion = now
         self._end_one(place)
 
@@ -212,14 +242,16 @@ class RequestAdmission:
     def _count(self, place: AdmissionPlace) -> None:
         if not place.counted:
             place.counted = True
-            self._work_ahead += place.work
+            self._counted[place] = None
+            self._ahead += place.load
 
     def _uncount(self, place: AdmissionPlace) -> None:
         if place.counted:
             place.counted = False
-            self._work_ahead -= place.work
-        if self._running == 0 and not self._waiting:
-            self._work_ahead = 0.0  # no drift from float sums once nothing is ahead
+            del self._counted[place]
+            self._ahead -= place.load
+        if self._ahead.requests == 0:
+            self._ahead = Load()  # no drift from float sums once nothing is ahead
 
     def _start(self, place: AdmissionPlace) -> None:
         self._running += 1
@@ -247,7 +279,8 @@ class RequestAdmission:
         )
 
 
-def admitted_at_once(capacity: int, max_queued: int, max_wait: float, pace: float, work: float) -> int:
-    """How many requests of ``work`` each, arriving at once at an idle pair, admission takes at ``pace``: each
-    waits for the work of those before it, and the line holds ``max_queued`` beyond the slots."""
-    return min(capacity + max_queued, math.floor(max_wait / (work * pace)) + 1)
+def admitted_at_once(capacity: int, max_queued: int, max_wait: float, pace: Pace, load: Load) -> int:
+    """How many requests of ``load`` each, arriving at once at an idle pair, admission takes at ``pace``: each
+    waits for those before it, and the line holds ``max_queued`` beyond the slots."""
+    each = pace.seconds(load)
+    return capacity + max_queued if each <= 0 else min(capacity + max_queued, math.floor(max_wait / each) + 1)

@@ -69,10 +69,22 @@ class ArMetrics:
         )
         self.requests_in_flight = f.gauge("requests_in_flight", "Requests being served.")
         self.requests_queued = f.gauge("requests_queued", "Requests waiting for a slot.")
+        # The pair's pace as admission prices waits, in its three parts (``Pace``); until the first completion the
+        # DiTs' warm-up pace prices them, and these read 0.
+        self.admission_seconds_per_request = f.gauge(
+            "admission_seconds_per_request",
+            "The pair's measured pace, its part per request: seconds a request costs whatever it asks (0 before a "
+            "completion).",
+        )
+        self.admission_seconds_per_megapixel = f.gauge(
+            "admission_seconds_per_megapixel",
+            "The pair's measured pace, its part per megapixel of the images asked: the VAE, the encoder (0 before a "
+            "completion).",
+        )
         self.admission_seconds_per_work = f.gauge(
             "admission_seconds_per_work",
-            "The pair's pace as admission prices waits: seconds per unit of work (an image's step at a megapixel, "
-            "twice with CFG), measured from completions (0 until then; the DiTs' warm-up pace is used meanwhile).",
+            "The pair's measured pace, its part per unit of denoising: an image's step at a megapixel, twice with "
+            "CFG (0 before a completion).",
         )
         self.queue_wait_seconds = f.histogram(
             "queue_wait_seconds", "Time a request waited for room at the DiT.", LATENCY_BUCKETS

@@ -8,7 +8,7 @@ distribution (the AR's ``server-timing`` ``queue`` stage: arrival to engine subm
 the admission wait plus a few ms).
 
 The last round, "3x over capacity", sizes a burst from what the pair says of itself after those
-rounds: what admission takes of a burst at once at its measured pace (``ardit_ar_admission_seconds_per_work``,
+rounds: what admission takes of a burst at once at its measured pace (``ardit_ar_admission_seconds_per_*``,
 ``ar_service.admission.admitted_at_once``); the burst is three times that, all at once. Every answer must be a
 200 or a 429; the round reports both latency distributions and a histogram by status.
 
@@ -40,7 +40,7 @@ paired.use_this_checkout()
 
 from ar_service import ArSettings  # noqa: E402
 from ar_service.admission import admitted_at_once  # noqa: E402
-from shared.capabilities import DitCapabilities  # noqa: E402
+from shared.capabilities import DitCapabilities, Load, Pace  # noqa: E402
 from shared.diffusion import parse_size  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
@@ -158,11 +158,15 @@ async def over_capacity(ar_url: str, dit_url: str, over: float, size: str, steps
     settings = ArSettings()
     dit = DitCapabilities.model_validate(httpx.get(f"{dit_url}/readyz", timeout=10).json()["capabilities"])
     capacity = dit.capacity.max_outstanding
-    pace = metric(ar_url, "ardit_ar_admission_seconds_per_work")
+    pace = Pace(
+        per_request=metric(ar_url, "ardit_ar_admission_seconds_per_request"),
+        per_megapixel=metric(ar_url, "ardit_ar_admission_seconds_per_megapixel"),
+        per_work=metric(ar_url, "ardit_ar_admission_seconds_per_work"),
+    )
     width, height = parse_size(size)
-    work = dit.defaults.params().model_copy(update={"width": width, "height": height, "num_inference_steps": steps})
+    params = dit.defaults.params().model_copy(update={"width": width, "height": height, "num_inference_steps": steps})
     servable = admitted_at_once(
-        capacity, settings.max_queued_requests, settings.max_queue_wait_seconds, pace, work.work
+        capacity, settings.max_queued_requests, settings.max_queue_wait_seconds, pace, Load.of(params)
     )
     burst = math.ceil(over * servable)
     results = await burst_at_once(ar_url, [request(10_000 + i, size, steps) for i in range(burst)])
@@ -178,7 +182,7 @@ async def over_capacity(ar_url: str, dit_url: str, over: float, size: str, steps
     return {
         "sizing": {
             "capacity": capacity,
-            "seconds_per_work": pace,
+            "pace": pace.model_dump(),
             "max_queue_wait_seconds": settings.max_queue_wait_seconds,
             "max_queued_requests": settings.max_queued_requests,
             "servable": servable,

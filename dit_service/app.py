@@ -28,6 +28,7 @@ from services.drain import Drain
 from services.fatal import Fatal
 from services.heap import IdleRelease, return_free_pages_in_thread
 from services.metrics import new_registry
+from shared.capabilities import Pace
 from shared.result_frames import RESERVATION_HEADER, RESERVATIONS_PATH
 from shared.row_buffer_pool import RowBufferPool
 
@@ -90,9 +91,9 @@ def _holds_a_place(scope: Scope) -> bool:
     return scope["path"] == HANDOFF_PATH and any(name == RESERVATION_HEADER.encode() for name, _ in scope["headers"])
 
 
-def _announcement(served: HandoffServices, seconds_per_work: float) -> dict[str, object]:
+def _announcement(served: HandoffServices, pace: Pace) -> dict[str, object]:
     """What a ready DiT's /readyz body says of it (read by every AR): its capabilities and measured pace."""
-    capabilities = served.capabilities.model_copy(update={"seconds_per_work": seconds_per_work})
+    capabilities = served.capabilities.model_copy(update={"pace": pace})
     return {"capabilities": capabilities.model_dump(mode="json")}
 
 

@@ -3,7 +3,7 @@
 ``serve_model`` is what ``ModelState`` calls after the load: the announcement (capabilities), the
 open-frame policy, the conditioning adapters and the result stream over the renderer, plus the warm-up:
 a second renderer with throwaway metrics (the warm-up must not show up as served traffic), and the
-default request in two steps, the render the DiT's pace is measured on.
+default request and the steps it may take, what the DiT's pace is measured on.
 """
 
 from __future__ import annotations
@@ -78,7 +78,8 @@ def serve_model(
     limits, defaults = capabilities.limits, capabilities.defaults
     warmup = Warmup(
         Renderer(model, vae, encoder, DitMetrics(CollectorRegistry())),
-        # Two steps: the fixed costs of a render (the VAE, the encoder) count in the pace, as in a real one.
-        defaults.params(max(2, limits.min_inference_steps)),
+        defaults.params(),
+        limits.min_inference_steps,
+        limits.max_inference_steps,
     )
     return HandoffServices(capabilities, policy, adapters, results), warmup

@@ -1,12 +1,18 @@
 """Loading the model in the background, warming it up, and saying when the service is ready.
 
-The HTTP server starts at once so /healthz and /readyz answer during a (possibly long) load;
-/readyz turns ready only after a render at the smallest size has gone through the whole path
-(transformer, VAE, encoder), which also pays one-time costs before real traffic arrives, and a
-second, timed one at the default size and guidance in two steps: its seconds per unit of work are
-what the AR prices waits at before it has measured its own (a fresh pair then admits its first
-burst by what it costs, instead of refusing all but one round). Once ready, /readyz's body carries
-what this DiT announces (its capabilities, with that pace).
+The HTTP server starts at once so /healthz and /readyz answer during a (possibly long) load; /readyz
+turns ready only after a render at the smallest size has gone through the whole path (transformer,
+VAE, encoder), which also pays one-time costs before real traffic arrives, and timed ones: the
+smallest again, and the default request in the fewest steps and in twice as many, four times, ...
+until its steps take as long as the rest of it (or the most steps allowed: a model whose VAE
+outweighs a few steps, the tiny ones here, needs many for their time to stand out of a busy
+machine's noise; a large one stops at the first doubling). They split a render's time into this
+DiT's pace (``Pace``): the steps tell the seconds per unit of denoising, the default size then the
+seconds per megapixel (the VAE, the encoder), the smallest the seconds every render costs. The AR
+prices waits at that pace before it has measured the pair's own (a fresh pair then admits its first
+burst by what it costs, instead of refusing all but one round), and splits the pair's measured time
+by it after. Once ready, /readyz's body carries what this DiT announces (its capabilities, with that
+pace).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from services.app import Readiness
 from services.errors import ApiError
 from services.fatal import Fatal
 from services.heap import freeze_startup_heap
+from shared.capabilities import Load, Pace
 from shared.diffusion import DiffusionParams
 
 log = logging.getLogger("ardit.dit.model_state")
@@ -53,19 +60,22 @@ def warmup_job(model: DitModel, params: DiffusionParams | None = None) -> Render
 
 @dataclass(frozen=True)
 class Warmup:
-    """What warms the model up: a renderer with throwaway metrics, and the timed render's parameters."""
+    """What warms the model up: a renderer with throwaway metrics, and the default request and the steps it may
+    be rendered in (the renders timed besides the smallest)."""
 
     renderer: Renderer
-    paced: DiffusionParams
+    default: DiffusionParams
+    fewest_steps: int
+    most_steps: int
 
 
 class ModelState(Generic[Loaded]):
     """``load`` builds the model and what serves it; ``require`` hands that out once warmed up."""
 
     def __init__(
-        self, retry_after_seconds: int, announce: Callable[[Loaded, float], Mapping[str, Any]], fatal: Fatal
+        self, retry_after_seconds: int, announce: Callable[[Loaded, Pace], Mapping[str, Any]], fatal: Fatal
     ) -> None:
-        """``announce``: /readyz's body, from what was loaded and the warm-up's seconds per unit of work."""
+        """``announce``: /readyz's body, from what was loaded and the pace the warm-up measured."""
         self._retry_after = retry_after_seconds
         self._announce = announce
         self._fatal = fatal
@@ -83,10 +93,9 @@ class ModelState(Generic[Loaded]):
             model = await asyncio.to_thread(load_model)
             loaded, warmup = serve(model)
             self._readiness = Readiness(False, "warming up")
-            await asyncio.to_thread(_render, warmup.renderer, warmup_job(model))
-            started = time.perf_counter()
-            await asyncio.to_thread(_render, warmup.renderer, warmup_job(model, warmup.paced))
-            seconds_per_work = (time.perf_counter() - started) / warmup.paced.work
+            smallest = warmup_job(model)
+            await asyncio.to_thread(_render, warmup.renderer, smallest)
+            pace = await _measured_pace(model, warmup, smallest)
         except Exception as exc:
             log.exception("model load failed")
             self._readiness = Readiness(False, f"model load failed ({type(exc).__name__})")
@@ -94,7 +103,7 @@ class ModelState(Generic[Loaded]):
             return
         self._loaded = loaded
         freeze_startup_heap()
-        self._readiness = Readiness(True, "ready", self._announce(loaded, seconds_per_work))
+        self._readiness = Readiness(True, "ready", self._announce(loaded, pace))
         log.info("model ready")
 
     async def readiness(self) -> Readiness:
@@ -115,3 +124,42 @@ class ModelState(Generic[Loaded]):
 
 def _render(renderer: Renderer, job: RenderJob) -> None:
     renderer.render([RenderItem(job, lambda frame: None, threading.Event())])
+
+
+def _timed(renderer: Renderer, job: RenderJob) -> tuple[float, Load]:
+    """The seconds a render of ``job`` took, and its load."""
+    started = time.perf_counter()
+    _render(renderer, job)
+    return time.perf_counter() - started, Load.of(job.params)
+
+
+async def _measured_pace(model: DitModel, warmup: Warmup, smallest: RenderJob) -> Pace:
+    def default_in(steps: int) -> RenderJob:
+        return warmup_job(model, warmup.default.model_copy(update={"num_inference_steps": steps}))
+
+    smallest_took = await asyncio.to_thread(_timed, warmup.renderer, smallest)
+    fewer_took = await asyncio.to_thread(_timed, warmup.renderer, default_in(warmup.fewest_steps))
+    steps = warmup.fewest_steps
+    while True:
+        steps = min(warmup.most_steps, 2 * steps)
+        more_took = await asyncio.to_thread(_timed, warmup.renderer, default_in(steps))
+        if steps == warmup.most_steps or more_took[0] >= 2 * fewer_took[0]:
+            return split_pace(smallest_took, fewer_took, more_took)
+
+
+def split_pace(smallest: tuple[float, Load], fewer: tuple[float, Load], more: tuple[float, Load]) -> Pace:
+    """The pace of renders that took these (seconds, load): ``fewer`` and ``more`` the same size in fewer and more
+    steps, ``smallest`` the smallest. Each part is what is left of the time once the parts after it are paid,
+    never below 0: a measurement drowned in a busy machine's noise prices that part at nothing rather than
+    less than nothing."""
+
+    def per(seconds: float, amount: float) -> float:
+        return max(0.0, seconds / amount) if amount > 0 else 0.0
+
+    (small_s, small), (fewer_s, fewer_load), (more_s, more_load) = smallest, fewer, more
+    per_work = per(more_s - fewer_s, more_load.work - fewer_load.work)
+    per_megapixel = per(
+        fewer_s - small_s - per_work * (fewer_load.work - small.work), fewer_load.megapixels - small.megapixels
+    )
+    per_request = max(0.0, small_s - per_work * small.work - per_megapixel * small.megapixels)
+    return Pace(per_request=per_request, per_megapixel=per_megapixel, per_work=per_work)

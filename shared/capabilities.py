@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from pydantic import Field
@@ -147,6 +148,46 @@ class DiffusionDefaults(WireModel):
         )
 
 
+@dataclass(frozen=True)
+class Load:
+    """What requests ask of the pair, in the three parts their time grows with: ``requests`` (each costs the same
+    whatever it asks: the AR's engine, the handoff), ``megapixels`` (of the images they ask, each decoded by the VAE
+    and encoded) and ``work`` (their denoising, ``DiffusionParams.work``)."""
+
+    requests: int = 0
+    megapixels: float = 0.0
+    work: float = 0.0
+
+    @classmethod
+    def of(cls, params: DiffusionParams) -> Load:
+        return cls(1, params.megapixels, params.work)
+
+    def __add__(self, other: Load) -> Load:
+        return Load(self.requests + other.requests, self.megapixels + other.megapixels, self.work + other.work)
+
+    def __sub__(self, other: Load) -> Load:
+        return Load(self.requests - other.requests, self.megapixels - other.megapixels, self.work - other.work)
+
+
+class Pace(WireModel):
+    """What a load costs in time: seconds for each request, megapixel and unit of work it holds."""
+
+    per_request: Annotated[float, Field(ge=0)]
+    # A DiT that predates it announces none: its megapixels cost nothing apart from their work.
+    per_megapixel: Annotated[float, Field(ge=0)] = 0.0
+    per_work: Annotated[float, Field(ge=0)]
+
+    def seconds(self, load: Load) -> float:
+        return load.requests * self.per_request + load.megapixels * self.per_megapixel + load.work * self.per_work
+
+    def scaled(self, factor: float) -> Pace:
+        return Pace(
+            per_request=self.per_request * factor,
+            per_megapixel=self.per_megapixel * factor,
+            per_work=self.per_work * factor,
+        )
+
+
 class DitCapacity(WireModel):
     """How much work one DiT replica holds at once; the AR admits requests against it."""
 
@@ -178,10 +219,10 @@ class DitCapabilities(WireModel):
     limits: DiffusionLimits
     defaults: DiffusionDefaults
     capacity: DitCapacity
-    # Seconds this DiT took per unit of work (``DiffusionParams.work``) in its warm-up render, at its default
-    # size: what the AR prices a wait at until it has measured its own. None: not measured (a DiT that
-    # predates it).
-    seconds_per_work: Annotated[float, Field(gt=0)] | None = None
+    # This DiT's pace, from its timed warm-up renders (``dit_service.model_state``): what the AR prices waits at
+    # until it has measured the pair's own, and the split of a request's time into its parts after that. None: not
+    # measured (a DiT that predates it).
+    pace: Pace | None = None
 
     @classmethod
     def common(cls, all_capabilities: Sequence[DitCapabilities]) -> DitCapabilities:

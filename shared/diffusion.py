@@ -130,8 +130,13 @@ class DiffusionParams(WireModel):
         return self.guidance_scale > 1.0
 
     @property
+    def megapixels(self) -> float:
+        """Of the images it asks: what the VAE decodes and the encoder encodes, once an image."""
+        return self.num_images * self.width * self.height / 1e6
+
+    @property
     def work(self) -> float:
-        """What the render costs, in the unit admission prices requests in: images x steps x megapixels, twice
-        with CFG (the transformer's work grows with each; a model's attention grows faster than its pixels, so
-        the measured pace, per unit, is what keeps the estimate honest for the sizes a pair serves)."""
-        return self.num_images * self.num_inference_steps * self.width * self.height / 1e6 * (2 if self.cfg else 1)
+        """Its denoising, in the unit admission prices it in: images x steps x megapixels, twice with CFG (the
+        transformer's work grows with each; a model's attention grows faster than its pixels, so the measured
+        pace, per unit, is what keeps the estimate honest for the sizes a pair serves)."""
+        return self.megapixels * self.num_inference_steps * (2 if self.cfg else 1)

@@ -42,7 +42,7 @@ from services.drain import Drain
 from services.errors import ApiError
 from services.request_context import REQUEST_ID_HEADER, request_id_of
 from services.request_gate import header
-from shared.capabilities import DitCapabilities
+from shared.capabilities import DitCapabilities, Load
 
 log = logging.getLogger("ardit.ar.admission_door")
 
@@ -134,7 +134,7 @@ class AdmissionDoor:
         self._arrivals += 1
         self._last_arrival = time.monotonic()
         try:
-            return self._admission.enter(capacity, dits.defaults.params().work, dits.seconds_per_work)
+            return self._admission.enter(capacity, Load.of(dits.defaults.params()), dits.pace)
         except ApiError as refused:
             return refused
 

@@ -54,6 +54,7 @@ from ar_service.readiness import NOT_READY_RETRY_AFTER, ArReadiness
 from ar_service.settings import ArSettings
 from services.drain import Drain
 from services.errors import ApiError, Overloaded
+from shared.capabilities import Load
 from shared.errors import EmptyConditioning, InvalidDiffusionParams, PromptTooLong
 from shared.result_frames import ImageFrame, PartialImageFrame
 
@@ -161,9 +162,10 @@ class ImageServing:
         self, valid: ValidGeneration, place: AdmissionPlace, raw_request: Request
     ) -> ImagesAnswer | ImageEvents:
         # Every refusal known before any work is an HTTP status, in stream mode too: 429 or 503 at the door
-        # (admission decides at arrival), then 404 / 400 (validation); an admitted request may wait its turn.
+        # (admission decides at arrival), then 404 / 400 (validation), then 429 once priced (the requests of its
+        # burst before it turned out heavier than the default); an admitted request may wait its turn.
         try:
-            place.price(valid.generation.diffusion.work)
+            place.price(Load.of(valid.generation.diffusion))
             turn = place.turn()
             async with self.drain.bounded():  # a replica that is shutting down stops waiting at its deadline
                 ticket = await (turn if place.started else cancel_on_disconnect(raw_request, turn))

@@ -380,11 +380,14 @@ SECTIONS = (
             ),
             series(
                 "AR admission wait",
-                "Time requests waited for admission, and the pace admission prices waits at: seconds per unit of "
-                "work (an image's step at a megapixel, twice with CFG), measured between completions.",
+                "Time requests waited for admission, and the pace admission prices waits at, measured between "
+                "completions: seconds a request, a megapixel of images, and a unit of denoising (an image's step at "
+                "a megapixel, twice with CFG).",
                 "s",
                 *p50_p99("ardit_ar_queue_wait_seconds", AR, "wait"),
-                Query(f"max(ardit_ar_admission_seconds_per_work{{{AR}}})", "seconds per unit of work"),
+                Query(f"max(ardit_ar_admission_seconds_per_request{{{AR}}})", "seconds a request"),
+                Query(f"max(ardit_ar_admission_seconds_per_megapixel{{{AR}}})", "seconds a megapixel"),
+                Query(f"max(ardit_ar_admission_seconds_per_work{{{AR}}})", "seconds a unit of denoising"),
             ),
             series(
                 "AR: clients that stopped reading",

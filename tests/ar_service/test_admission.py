@@ -13,6 +13,7 @@ from ar_service import admission as admission_module
 from ar_service.admission import RequestAdmission
 from ar_service.metrics import ArMetrics
 from services.errors import Overloaded
+from shared.capabilities import Load, Pace
 
 
 class Clock:
@@ -38,13 +39,18 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     return moved_by_the_test
 
 
+def units(work: float) -> Load:
+    """One request of ``work`` units of denoising, on images of no size to speak of."""
+    return Load(1, 0.0, work)
+
+
 def admission(max_queued: int = 4, max_wait: float = 5.0) -> RequestAdmission:
     return RequestAdmission(max_queued, max_wait, ArMetrics(CollectorRegistry()))
 
 
 async def serve_one(gate: RequestAdmission, clock: Clock, seconds: float, capacity: int = 1, work: float = 1.0):
     """One request through the gate, taking ``seconds``: the pace is measured from then on."""
-    ticket = await gate.enter(capacity, work).turn()
+    ticket = await gate.enter(capacity, units(work)).turn()
     await clock.spend(seconds)
     ticket.release(served=True)
 
@@ -60,11 +66,11 @@ def test_requests_beyond_the_capacity_wait_and_start_in_arrival_order(clock: Clo
     async def scenario():
         gate = admission()
         await serve_one(gate, clock, 0.01)
-        first = await gate.enter(1, 1.0).turn()
+        first = await gate.enter(1, units(1.0)).turn()
         order = []
 
         async def wait_then_record(name: str):
-            ticket = await gate.enter(1, 1.0).turn()
+            ticket = await gate.enter(1, units(1.0)).turn()
             order.append(name)
             await clock.spend(0.01)
             ticket.release(served=True)
@@ -82,11 +88,11 @@ def test_requests_beyond_the_capacity_wait_and_start_in_arrival_order(clock: Clo
 def test_a_full_queue_is_refused_at_once_with_retry_after():
     async def scenario():
         gate = admission(max_queued=1)
-        held = await gate.enter(1, 1.0).turn()
-        waiting = asyncio.create_task(gate.enter(1, 1.0).turn())
+        held = await gate.enter(1, units(1.0)).turn()
+        waiting = asyncio.create_task(gate.enter(1, units(1.0)).turn())
         await asyncio.sleep(0)
         with pytest.raises(Overloaded) as refused:
-            await gate.enter(1, 1.0).turn()
+            await gate.enter(1, units(1.0)).turn()
         await release_all([held], [waiting])
         return refused.value
 
@@ -98,11 +104,11 @@ def test_a_wait_past_max_wait_at_the_measured_pace_is_refused_before_queueing(cl
     async def scenario():
         gate = admission(max_queued=100, max_wait=1.0)
         await serve_one(gate, clock, 0.3)  # the pair does one unit of work in ~0.3 s
-        held = await gate.enter(1, 1.0).turn()
-        queued = [asyncio.create_task(gate.enter(1, 1.0).turn()) for _ in range(3)]  # waits of 0.3, 0.6, 0.9 s
+        held = await gate.enter(1, units(1.0)).turn()
+        queued = [asyncio.create_task(gate.enter(1, units(1.0)).turn()) for _ in range(3)]  # waits of 0.3, 0.6, 0.9 s
         await asyncio.sleep(0)
         with pytest.raises(Overloaded) as refused:
-            await gate.enter(1, 1.0).turn()  # four units ahead: ~1.2 s > 1 s
+            await gate.enter(1, units(1.0)).turn()  # four units ahead: ~1.2 s > 1 s
         await release_all([held], queued)
         return refused.value
 
@@ -118,9 +124,9 @@ def test_heavy_requests_after_light_traffic_are_priced_by_their_work(clock: Cloc
         gate = admission(max_queued=100, max_wait=12.0)
         for _ in range(3):
             await serve_one(gate, clock, 0.125)  # 0.125 s a unit
-        admitted = [gate.enter(5, 40.0) for _ in range(3)]  # renders start at 0, 5 and 10 s
+        admitted = [gate.enter(5, units(40.0)) for _ in range(3)]  # renders start at 0, 5 and 10 s
         with pytest.raises(Overloaded, match="would be about 15 s") as refused:
-            gate.enter(5, 40.0)
+            gate.enter(5, units(40.0))
         for place in admitted:
             place.leave()
         return refused.value
@@ -132,12 +138,12 @@ def test_a_request_priced_as_the_default_and_then_as_what_it_asks_counts_for_tho
     async def scenario():
         gate = admission(max_queued=100, max_wait=10.0)
         await serve_one(gate, clock, 0.1)
-        heavy = gate.enter(5, 1.0)  # taken at the door, priced as the default request
-        heavy.price(120.0)  # its body read: 12 s of work
+        heavy = gate.enter(5, units(1.0))  # taken at the door, priced as the default request
+        heavy.price(units(120.0))  # its body read: 12 s of work
         with pytest.raises(Overloaded):
-            gate.enter(5, 1.0)  # it would start after 12 s
+            gate.enter(5, units(1.0))  # it would start after 12 s
         heavy.leave()
-        gate.enter(5, 1.0).leave()  # with it gone, nothing is ahead
+        gate.enter(5, units(1.0)).leave()  # with it gone, nothing is ahead
 
     asyncio.run(scenario())
 
@@ -149,10 +155,10 @@ def test_a_free_slot_does_not_admit_a_request_whose_render_would_start_past_the_
     async def scenario():
         gate = admission(max_queued=100, max_wait=10.0)
         await serve_one(gate, clock, 0.1)
-        in_flight = [gate.enter(5, 30.0) for _ in range(4)]  # 12 s of work
+        in_flight = [gate.enter(5, units(30.0)) for _ in range(4)]  # 12 s of work
         assert all(place.started for place in in_flight)
         with pytest.raises(Overloaded):
-            gate.enter(5, 1.0)
+            gate.enter(5, units(1.0))
         for place in in_flight:
             place.leave()
 
@@ -164,38 +170,67 @@ def test_before_any_completion_the_dits_announced_pace_prices_a_fresh_pairs_firs
 
     async def scenario():
         gate = admission(max_queued=256, max_wait=120.0)
-        places = [gate.enter(5, 0.1, announced_pace=0.5) for _ in range(16)]  # 0.05 s each: 0.75 s at most
+        places = [
+            gate.enter(5, units(0.1), announced_pace=Pace(per_request=0.0, per_work=0.5)) for _ in range(16)
+        ]  # 0.05 s each: 0.75 s at most
         started = sum(place.started for place in places)
         for place in places:
             place.leave()
         return started, gate.pace
 
-    assert asyncio.run(scenario()) == (5, 0.5)
+    assert asyncio.run(scenario()) == (5, Pace(per_request=0.0, per_work=0.5))
 
 
 def test_without_an_announced_pace_one_round_may_wait_before_any_completion_and_the_rest_is_refused():
     async def scenario():
         gate = admission(max_queued=100)
-        held = [await gate.enter(2, 1.0).turn() for _ in range(2)]
-        line = [asyncio.create_task(gate.enter(2, 1.0).turn()) for _ in range(2)]
+        held = [await gate.enter(2, units(1.0)).turn() for _ in range(2)]
+        line = [asyncio.create_task(gate.enter(2, units(1.0)).turn()) for _ in range(2)]
         await asyncio.sleep(0)
         with pytest.raises(Overloaded, match="not measured yet") as refused:
-            await gate.enter(2, 1.0).turn()
+            await gate.enter(2, units(1.0)).turn()
         await release_all(held, line)
         return refused.value
 
     assert int(asyncio.run(scenario()).headers["Retry-After"]) == 1
 
 
-def test_the_pace_measured_replaces_the_announced_one(clock: Clock):
+def test_the_measured_pace_is_the_announced_split_scaled_to_what_the_pair_took(clock: Clock):
+    """The warm-up said a request costs 1 s, a megapixel 2 s and a unit of denoising 5 s; the pair then served one of
+    12 s by that count in 0.6 s (batches, another machine): every part is a twentieth."""
+    announced = Pace(per_request=1.0, per_megapixel=2.0, per_work=5.0)
+
     async def scenario():
         gate = admission()
-        gate.enter(1, 1.0, announced_pace=5.0).leave()
+        gate.enter(1, units(1.0), announced_pace=announced).leave()
         before = gate.pace
-        await serve_one(gate, clock, 0.2, work=2.0)
+        ticket = await gate.enter(1, Load(1, 0.5, 2.0)).turn()
+        await clock.spend(0.6)
+        ticket.release(served=True)
         return before, gate.pace
 
-    assert asyncio.run(scenario()) == (5.0, pytest.approx(0.1))
+    before, after = asyncio.run(scenario())
+    assert before == announced
+    assert after is not None
+    assert (after.per_request, after.per_megapixel, after.per_work) == pytest.approx((0.05, 0.1, 0.25))
+
+
+def test_a_request_of_many_megapixels_and_few_steps_is_priced_by_its_megapixels_too(clock: Clock):
+    """Default requests measure the pace; then one of a few steps at a large size, whose VAE outweighs its
+    denoising, is priced by both: the request after it would wait for the VAE too, and is refused."""
+    announced = Pace(per_request=0.0, per_megapixel=1.0, per_work=0.1)
+
+    async def scenario():
+        gate = admission(max_queued=100, max_wait=5.0)
+        gate.enter(1, units(1.0), announced_pace=announced).leave()
+        for _ in range(3):
+            await serve_one(gate, clock, 0.2, work=1.0)  # a unit of denoising, no megapixels: the scale is 2
+        large = gate.enter(5, Load(1, 4.0, 4.0))  # 4 s of VAE and 0.4 s of denoising at the announced split: x2
+        with pytest.raises(Overloaded, match="would be about 9 s"):
+            gate.enter(5, units(1.0))
+        large.leave()
+
+    asyncio.run(scenario())
 
 
 def test_the_pace_is_the_time_between_completions_not_a_service_time_divided_by_the_capacity(clock: Clock):
@@ -204,13 +239,13 @@ def test_the_pace_is_the_time_between_completions_not_a_service_time_divided_by_
 
     async def scenario():
         gate = admission(max_queued=100)
-        tickets = [await gate.enter(5, 1.0).turn() for _ in range(5)]
+        tickets = [await gate.enter(5, units(1.0)).turn() for _ in range(5)]
         for ticket in tickets:
             await clock.spend(0.1)
             ticket.release(served=True)
         return gate.pace
 
-    assert asyncio.run(scenario()) == pytest.approx(0.1)
+    assert asyncio.run(scenario()).per_work == pytest.approx(0.1)
 
 
 def test_the_last_requests_of_a_burst_finishing_together_do_not_make_the_pace_look_faster(clock: Clock):
@@ -219,8 +254,8 @@ def test_the_last_requests_of_a_burst_finishing_together_do_not_make_the_pace_lo
 
     async def scenario():
         gate = admission(max_queued=100)
-        tickets = [await gate.enter(4, 1.0).turn() for _ in range(4)]
-        line = [asyncio.create_task(gate.enter(4, 1.0).turn()) for _ in range(3)]
+        tickets = [await gate.enter(4, units(1.0)).turn() for _ in range(4)]
+        line = [asyncio.create_task(gate.enter(4, units(1.0)).turn()) for _ in range(3)]
         await asyncio.sleep(0)
         for _ in range(3):
             await clock.spend(0.1)
@@ -230,7 +265,7 @@ def test_the_last_requests_of_a_burst_finishing_together_do_not_make_the_pace_lo
             ticket.release(served=True)
         return gate.pace
 
-    assert asyncio.run(scenario()) == pytest.approx(0.1)
+    assert asyncio.run(scenario()).per_work == pytest.approx(0.1)
 
 
 def test_requests_that_fail_or_are_abandoned_do_not_make_the_pace_look_faster(clock: Clock):
@@ -238,19 +273,19 @@ def test_requests_that_fail_or_are_abandoned_do_not_make_the_pace_look_faster(cl
         gate = admission()
         await serve_one(gate, clock, 0.2)
         for _ in range(10):  # quick failures: 400s from the DiT, clients that left
-            (await gate.enter(1, 1.0).turn()).release(served=False)
+            (await gate.enter(1, units(1.0)).turn()).release(served=False)
         return gate.pace
 
-    assert asyncio.run(scenario()) == pytest.approx(0.2)
+    assert asyncio.run(scenario()).per_work == pytest.approx(0.2)
 
 
 def test_a_waiter_that_gives_up_passes_its_turn_on(clock: Clock):
     async def scenario():
         gate = admission()
         await serve_one(gate, clock, 0.01)
-        held = await gate.enter(1, 1.0).turn()
-        leaving = asyncio.create_task(gate.enter(1, 1.0).turn())
-        staying = asyncio.create_task(gate.enter(1, 1.0).turn())
+        held = await gate.enter(1, units(1.0)).turn()
+        leaving = asyncio.create_task(gate.enter(1, units(1.0)).turn())
+        staying = asyncio.create_task(gate.enter(1, units(1.0)).turn())
         await asyncio.sleep(0)
         leaving.cancel()  # the client went away while queued
         held.release(served=True)
@@ -266,8 +301,8 @@ def test_capacity_follows_what_the_dit_announces(clock: Clock):
     async def scenario():
         gate = admission()
         await serve_one(gate, clock, 0.01)
-        tickets = [await gate.enter(3, 1.0).turn() for _ in range(3)]
-        blocked = asyncio.create_task(gate.enter(3, 1.0).turn())
+        tickets = [await gate.enter(3, units(1.0)).turn() for _ in range(3)]
+        blocked = asyncio.create_task(gate.enter(3, units(1.0)).turn())
         await clock.spend(0.01)
         assert not blocked.done()
         await release_all(tickets, [blocked])
@@ -280,8 +315,8 @@ def test_a_place_given_up_before_its_turn_lets_the_line_move_on(clock: Clock):
     async def scenario():
         gate = admission()
         await serve_one(gate, clock, 0.01)
-        held = await gate.enter(1, 1.0).turn()
-        invalid, next_in_line = gate.enter(1, 1.0), gate.enter(1, 1.0)
+        held = await gate.enter(1, units(1.0)).turn()
+        invalid, next_in_line = gate.enter(1, units(1.0)), gate.enter(1, units(1.0))
         held.release(served=True)  # the slot goes to `invalid` while it is being validated...
         assert invalid.started
         invalid.leave()  # ...which is refused (a 400): the slot passes on
@@ -290,3 +325,30 @@ def test_a_place_given_up_before_its_turn_lets_the_line_move_on(clock: Clock):
         return gate.in_flight, gate.estimated_wait()
 
     assert asyncio.run(scenario()) == (0, 0.0)
+
+
+def test_a_burst_of_heavy_requests_priced_as_the_default_at_the_door_is_refused_past_the_wait_once_priced(
+    clock: Clock,
+):
+    """Five heavy requests arrive together, each taken at the door as a default one (one unit); priced in arrival
+    order at 40 units each, the ones whose render would start past the wait are refused then, before any work."""
+
+    async def scenario():
+        gate = admission(max_queued=100, max_wait=12.0)
+        await serve_one(gate, clock, 0.125)  # 0.125 s a unit
+        places = [gate.enter(5, units(1.0)) for _ in range(5)]  # all fit, priced as the default
+        outcomes = []
+        for place in places:
+            try:
+                place.price(units(40.0))  # 5 s each
+                outcomes.append("admitted")
+            except Overloaded as refused:
+                place.leave()
+                outcomes.append(refused.message.split(";")[0])
+        for place in places:
+            place.leave()
+        return outcomes, gate.estimated_wait()
+
+    outcomes, wait_after = asyncio.run(scenario())
+    assert outcomes == ["admitted"] * 3 + ["too many image requests: the wait would be about 15 s, over 12 s"] * 2
+    assert wait_after == 0.0

@@ -12,7 +12,7 @@ from dit_service.metrics import DitMetrics
 from dit_service.settings import DitSettings
 from services.dtype import default_dtype
 from services.metrics import new_registry
-from shared.capabilities import DitCapabilities
+from shared.capabilities import DitCapabilities, Load
 from tests.dit_service.handoff_requests import complete_handoff, hidden_rows, post_handoff, scrape
 from tests.support.live_server import LiveServer
 
@@ -62,6 +62,10 @@ def test_ready_only_after_warm_up_and_metrics_are_exported(dit_server):
     # The server's settings and the loaded model, announced: max_sequence_length=64, two runs + four queued.
     assert capabilities.limits.max_conditioning_rows == 64 and capabilities.capacity.max_admitted == 6
     assert capabilities.hidden_size == 576 and capabilities.limits.size_multiple == 16
+    # The warm-up timed its renders: the default request costs something at the pace announced, and so do steps,
+    # though this model's VAE outweighs a few of them.
+    pace = capabilities.pace
+    assert pace is not None and pace.seconds(Load.of(capabilities.defaults.params())) > 0 and pace.per_work > 0
     assert post_handoff(dit_server.url, complete_handoff(hidden_rows(6))).status == 200
     samples = scrape(dit_server.url)
     names = {name for name, _ in samples}

@@ -20,7 +20,7 @@ import pytest
 import benchmarks.burst_client
 from ar_service.admission import admitted_at_once
 from ar_service.settings import ArSettings
-from shared.capabilities import DitCapabilities
+from shared.capabilities import DitCapabilities, Load, Pace
 from shared.diffusion import parse_size
 from tests.conftest import API_KEY, PLUMBING_DIT_MODEL_DIR
 from tests.e2e.metrics_text import sample
@@ -70,22 +70,29 @@ def test_sixty_four_at_once_are_all_served_or_refused_at_once(stack):
     assert not any(settled(stack).values())
 
 
-def capacity_of(pair: Pair) -> int:
-    readyz = httpx.get(f"{pair.dit_url}/readyz").json()
-    return DitCapabilities.model_validate(readyz["capabilities"]).capacity.max_outstanding
+def capabilities(dit_url: str) -> DitCapabilities:
+    return DitCapabilities.model_validate(httpx.get(f"{dit_url}/readyz").json()["capabilities"])
 
 
-def servable(pair: Pair) -> tuple[int, float]:
-    """What the pair takes of a burst of BURST_SIZE x BURST_STEPS requests at its measured pace, by admission's
-    own rule. Returned with the pace it came from."""
+def servable(ar_url: str, dit_url: str, size: str, **asks: int) -> tuple[int, Pace]:
+    """What the pair takes of a burst of requests of ``size`` (and ``asks``: steps, images) at its measured pace,
+    by admission's own rule. Returned with the pace it came from."""
     settings = ArSettings()
-    pace = sample(pair.ar_url, "ardit_ar_admission_seconds_per_work")
-    assert pace > 0, "the pace is measured"
-    dit = DitCapabilities.model_validate(httpx.get(f"{pair.dit_url}/readyz").json()["capabilities"])
-    width, height = parse_size(BURST_SIZE)
-    work = dit.defaults.params().model_copy(update={"width": width, "height": height, "num_inference_steps": 2}).work
+    pace = Pace(
+        per_request=sample(ar_url, "ardit_ar_admission_seconds_per_request"),
+        per_megapixel=sample(ar_url, "ardit_ar_admission_seconds_per_megapixel"),
+        per_work=sample(ar_url, "ardit_ar_admission_seconds_per_work"),
+    )
+    assert pace.seconds(Load(1, 1.0, 1.0)) > 0, "the pace is measured"
+    dit = capabilities(dit_url)
+    width, height = parse_size(size)
+    params = dit.defaults.params().model_copy(update={"width": width, "height": height, **asks})
     most = admitted_at_once(
-        capacity_of(pair), settings.max_queued_requests, settings.max_queue_wait_seconds, pace, work
+        dit.capacity.max_outstanding,
+        settings.max_queued_requests,
+        settings.max_queue_wait_seconds,
+        pace,
+        Load.of(params),
     )
     return most, pace
 
@@ -112,17 +119,17 @@ def work_done(pair: Pair) -> tuple[float, float]:
 def test_a_burst_three_times_past_what_can_be_served_is_served_or_refused_without_work(tmp_path, model):
     model_dir: Path | None = PLUMBING_DIT_MODEL_DIR if model == "plumbing" else None  # None: make run's default
     with launched_pair(tmp_path / "launcher.log", model_dir) as pair:
-        capacity = capacity_of(pair)
+        capacity = capabilities(pair.dit_url).capacity.max_outstanding
         # The pace is measured under load, as a burst will meet it: two rounds of the pair's capacity.
         assert {status for status, _ in burst(pair, 2 * capacity)} == {200}
-        most, pace = servable(pair)
+        most, pace = servable(pair.ar_url, pair.dit_url, BURST_SIZE, num_inference_steps=2)
         turns_before, images_before = work_done(pair)
         answers = burst(pair, 3 * most)
         turns, images = work_done(pair)
     statuses = [status for status, _ in answers]
     served, refused = statuses.count(200), statuses.count(429)
     print(
-        f"{model}: capacity {capacity}, pace {pace:.2f} s -> {most} servable; burst of {3 * most}: "
+        f"{model}: capacity {capacity}, pace {pace} -> {most} servable; burst of {3 * most}: "
         f"{served} x 200, {refused} x 429"
     )
     assert served + refused == len(answers) and served and refused
@@ -149,22 +156,25 @@ def stages(answer: httpx.Response) -> dict[str, float]:
 
 
 def test_heavy_requests_after_light_traffic_are_served_within_the_wait_or_refused_at_once(stack):
-    """Light requests set the pace; then a burst of requests each a hundred times heavier. Priced alike, all would
-    be admitted and the last would start long past the promise; priced by their work, each is a 200 whose render
-    started within ARDIT_AR_MAX_QUEUE_WAIT_SECONDS, or a 429 that did no work."""
+    """Light requests set the pace; then a burst of requests each thousands of times heavier, four more than
+    admission's rule takes of them at once. Priced alike, all would be admitted and the last would start long past
+    the promise; priced by what they ask, each is a 200 whose render started within ARDIT_AR_MAX_QUEUE_WAIT_SECONDS,
+    or a 429 that did no work."""
     headers = {"authorization": f"Bearer {API_KEY}"}
     url = f"{stack.api_base}/images/generations"
     for seed in range(3):
         light = {"prompt": "a light one", "size": "64x64", "num_inference_steps": 2, "seed": seed}
         assert httpx.post(url, json=light, headers=headers, timeout=600).status_code == 200
     heavy = {"prompt": "a heavy one", "size": "512x512", "num_inference_steps": 40, "n": 4}
+    most, pace = servable(stack.ar.url, stack.dit.url, "512x512", num_inference_steps=40, num_images=4)
     images_before = sample(stack.dit.url, "ardit_dit_images_total", format="png")
-    with concurrent.futures.ThreadPoolExecutor(12) as pool:
+    with concurrent.futures.ThreadPoolExecutor(most + 4) as pool:
         answers = list(
-            pool.map(lambda i: httpx.post(url, json=heavy | {"seed": i}, headers=headers, timeout=900), range(12))
+            pool.map(lambda i: httpx.post(url, json=heavy | {"seed": i}, headers=headers, timeout=900), range(most + 4))
         )
     served = [a for a in answers if a.status_code == 200]
     refused = [a for a in answers if a.status_code == 429]
+    print(f"pace {pace}: {most} of the heavy ones at once; {len(served)} x 200, {len(refused)} x 429")
     assert len(served) + len(refused) == len(answers) and served and refused
     for answer in served:
         waited = stages(answer)

@@ -13,6 +13,7 @@ import pytest
 from openai import OpenAI
 
 from ar_service.admission import AdmissionTicket
+from shared.capabilities import Load
 from tests.conftest import API_KEY, Stack
 from tests.support.dit_pools import pointed_at
 from tests.support.ports import free_port
@@ -40,10 +41,10 @@ def stream(client: OpenAI) -> list:
 
 def hold_every_slot(stack: Stack) -> list[AdmissionTicket]:
     """Take every place the pair has, as requests in flight would."""
-    _, capacity = stack.ar.call(stack.runtime.readiness.require())
+    dits, capacity = stack.ar.call(stack.runtime.readiness.require())
 
     async def slot() -> AdmissionTicket:
-        return await stack.runtime.admission.enter(capacity, 1.0).turn()
+        return await stack.runtime.admission.enter(capacity, Load.of(dits.defaults.params())).turn()
 
     return [stack.ar.call(slot()) for _ in range(capacity)]
 

@@ -32,11 +32,15 @@ from services.auth import BearerAuth
 from services.drain import Drain
 from services.metrics import Families
 from services.slow_readers import SlowReaders
+from shared.capabilities import Load
 from tests.support.capabilities import DIT
 from tests.support.fake_dit import fake_dit, ready
 from tests.support.launched_pair import wait_for
 from tests.support.live_server import LiveServer
 from tests.support.ports import free_port
+
+# What a request taking a place at the door is priced at: the DiTs' default one.
+DEFAULT_LOAD = Load.of(DIT.defaults.params())
 
 IMAGES = "/v1/images/generations"
 KEY = "sk-door"
@@ -95,7 +99,7 @@ class Served:
 
         async def take_slots() -> None:
             for _ in range(DIT.capacity.max_outstanding - free):
-                self.admission.enter(DIT.capacity.max_outstanding, 1.0)
+                self.admission.enter(DIT.capacity.max_outstanding, DEFAULT_LOAD)
 
         self.server.call(take_slots())
 
@@ -306,7 +310,7 @@ async def door_with_one_slot(max_queued: int, app: ASGIApp) -> AdmissionDoor:
     ``app``."""
     admission = RequestAdmission(max_queued=max_queued, max_wait=60.0, metrics=ArMetrics(CollectorRegistry()))
     for _ in range(DIT.capacity.max_outstanding - 1):
-        admission.enter(DIT.capacity.max_outstanding, 1.0)
+        admission.enter(DIT.capacity.max_outstanding, DEFAULT_LOAD)
     metrics = AppMetrics(CollectorRegistry(), "ar")
     return AdmissionDoor(app, **door_kwargs(admission, await ready_pair(), metrics, keys=[]))
 
