@@ -7,14 +7,17 @@ before a pixel of it is allocated. From the header the caller derives the output
 asked, or ``auto``: ``OutputSize``) and checks it against what the DiT draws, and holds the memory the
 edit will need (``EditMemory``); only then is ``decode_edit`` run (in a worker thread): the image is
 decoded (a truncated or corrupt file fails here), turned upright by its EXIF orientation, and resized
-to the output size. An upright turn swaps width and height, which changes neither the pixel count nor
-what ``auto`` makes of it (it swaps the output's sides too), so the checks made on the header hold
-for the decoded image.
+to the output size. The resize first reduces by whole factors (Pillow's ``reducing_gap``) so that no
+filter pass spans more than a few input pixels per output pixel: without it a thin image (16,000,000 x
+1 pixels, within the pixel limit) makes Lanczos allocate its weights or its intermediate pass in
+proportion to the long side, hundreds of MB that no per-pixel count foresees. An upright turn swaps
+width and height, which changes neither the pixel count nor what ``auto`` makes of it (it swaps the
+output's sides too), so the checks made on the header hold for the decoded image.
 
 The mask follows OpenAI: a PNG of the first image's size whose fully transparent pixels (alpha 0)
 are the region to edit. It travels as one channel, 255 where the DiT repaints and 0 elsewhere.
-Every refusal is a 400 naming ``image`` or ``mask``, or a 429 when the edits in hand already hold
-``ARDIT_AR_MAX_EDIT_MEMORY_BYTES``.
+Every refusal is a 400 naming ``image`` or ``mask`` (one whose own decoding needs more than
+``ARDIT_AR_MAX_EDIT_MEMORY_BYTES`` too), or a 429 when the edits in hand already hold that much.
 """
 
 from __future__ import annotations
@@ -27,16 +30,28 @@ import PIL.Image
 import PIL.ImageOps
 
 from services.errors import ApiError, Overloaded
-from shared.frames import PIXEL_CHANNELS, PixelRole
+from shared.frames import PixelRole
 
 IMAGE_FORMATS = ("PNG", "JPEG", "WEBP")
 MASK_FORMATS = ("PNG",)
-# Bytes an input pixel may take while ``decode_edit`` runs, at once: the image decoded (up to 4 bands),
-# its upright copy and its RGB conversion (4 + 4 + 3); the mask decoded, as RGBA, its alpha and the
-# repaint map (4 + 4 + 1 + 1).
-DECODE_BYTES_PER_INPUT_PIXEL: dict[PixelRole, int] = {"image": 11, "mask": 10}
-# And per output pixel and channel: the resized image and the bytes taken from it.
-RESIZE_COPIES = 2
+# Pillow keeps RGB, RGBA and most decoded modes at 4 bytes a pixel. Bytes an input pixel may take while
+# ``decode_edit`` runs, at once: the image decoded, its upright copy, its RGB conversion and its whole-
+# factor reduction (at most half the pixels: 4 + 4 + 4 + 2); the mask decoded, its upright copy, as RGBA,
+# its alpha and the repaint map (4 + 4 + 4 + 1 + 1).
+DECODE_BYTES_PER_INPUT_PIXEL: dict[PixelRole, int] = {"image": 14, "mask": 14}
+# Each of those copies also holds a pointer per row (8 bytes): 4 copies of the image, 5 of the mask. A
+# 1 x 16,000,000 image holds 128 MB of pointers per copy for 64 MB of pixels. The longer side is counted,
+# since the upright turn may make it the height.
+DECODE_ROW_BYTES: dict[PixelRole, int] = {"image": 8 * 4, "mask": 8 * 5}
+# After the whole-factor reduction Lanczos spans less than 2 x REDUCING_GAP input pixels per output pixel
+# on each axis, so its intermediate pass is at most that many output-sized rows.
+REDUCING_GAP = 3.0
+# Bytes per output pixel: the image's intermediate pass (4 x 2 x REDUCING_GAP), its result (4) and the
+# bytes taken from it (3); the mask's nearest-neighbour result and its bytes (1 + 1).
+RESIZE_BYTES_PER_OUTPUT_PIXEL: dict[PixelRole, int] = {"image": 4 * 2 * int(REDUCING_GAP) + 4 + 3, "mask": 2}
+# And per output row and column: the filter's weights (doubles), its support (3 for Lanczos) times twice
+# the span each side, plus one.
+FILTER_BYTES_PER_OUTPUT_LINE = 8 * (2 * 3 * 2 * int(REDUCING_GAP) + 1)
 
 
 @dataclass(frozen=True)
@@ -77,9 +92,12 @@ class EditUpload:
         resized, and then the pixels sent to the DiT."""
         parts: list[PixelRole] = ["image"] if self.mask is None else ["image", "mask"]
         input_pixels = self.image.width * self.image.height
-        decoding = sum(input_pixels * DECODE_BYTES_PER_INPUT_PIXEL[part] for part in parts)
-        resizing = sum(width * height * PIXEL_CHANNELS[part] * RESIZE_COPIES for part in parts)
-        return decoding + resizing
+        rows = max(self.image.size)
+        decoding = sum(
+            input_pixels * DECODE_BYTES_PER_INPUT_PIXEL[part] + rows * DECODE_ROW_BYTES[part] for part in parts
+        )
+        resizing = sum(width * height * RESIZE_BYTES_PER_OUTPUT_PIXEL[part] for part in parts)
+        return decoding + resizing + (width + height) * FILTER_BYTES_PER_OUTPUT_LINE
 
 
 @dataclass(frozen=True)
@@ -100,6 +118,13 @@ class EditMemory:
         self.held = 0
 
     def hold(self, nbytes: int) -> Held:
+        if nbytes > self._max:
+            # Alone past the bound, it would never fit: no retry helps (an extremely thin image, mostly).
+            raise _too_large(
+                "image",
+                f"decoding and resizing this image needs about {nbytes} bytes, more than the {self._max} all edits "
+                "in hand may hold (ARDIT_AR_MAX_EDIT_MEMORY_BYTES); send it smaller or less elongated",
+            )
         if self.held + nbytes > self._max:
             raise Overloaded(
                 f"the edits in hand already hold {self.held} of {self._max} bytes; this one needs {nbytes}",
@@ -188,4 +213,6 @@ def _decoded(image: PIL.Image.Image, param: str) -> PIL.Image.Image:
 
 
 def _resized(image: PIL.Image.Image, width: int, height: int, resample: PIL.Image.Resampling) -> PIL.Image.Image:
-    return image if image.size == (width, height) else image.resize((width, height), resample)
+    if image.size == (width, height):
+        return image
+    return image.resize((width, height), resample, reducing_gap=REDUCING_GAP)

@@ -172,7 +172,7 @@ class ArSettings(BaseSettings):
     max_edit_memory_bytes: Positive = Field(
         512 << 20,
         description="Memory the edits in hand may hold together (each counted at its decoding peak, from its decode "
-        "to the end of its request); an edit past it is refused at once (429).",
+        "to the end of its request); an edit past it is refused at once (429), one that alone needs more with 400.",
     )
     request_body_timeout_seconds: Seconds = Field(
         10.0, description="A request body must arrive within this, or the answer is 408."

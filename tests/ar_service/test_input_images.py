@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import io
+import json
 import struct
+import subprocess
+import sys
 import zlib
 
 import numpy as np
@@ -189,3 +192,60 @@ def test_edits_in_hand_are_bounded_in_bytes_and_one_byte_past_the_bound_is_a_429
     first.release()  # idempotent
     second.release()
     assert memory.held == 0
+
+
+def test_an_edit_that_alone_needs_more_than_the_bound_is_a_400_not_a_retry():
+    memory = EditMemory(max_bytes=1000)
+    with pytest.raises(ApiError) as refused:
+        memory.hold(1001)
+    assert (refused.value.status, refused.value.param, refused.value.code) == (400, "image", "image_too_large")
+    assert memory.held == 0
+
+
+# Run in a process of its own, so that its peak resident memory is the edit's: the peak is reset once the
+# files are read, then the edit is counted, decoded and resized, and the peak read again.
+_MEASURE = """
+import json, sys
+from pathlib import Path
+from ar_service.input_images import OutputSize, decode_edit, read_upload
+
+def kib(field):
+    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith(field))
+
+image, mask, width, height = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+image, mask = Path(image).read_bytes(), Path(mask).read_bytes() if mask else None
+Path("/proc/self/clear_refs").write_text("5")
+before = kib("VmRSS")
+upload = read_upload(image, mask, 4096 * 4096)
+counted = upload.memory(width, height)
+decode_edit(upload, OutputSize((width, height), 16, width * height))
+print(json.dumps({"counted": counted, "peak": (kib("VmHWM") - before) * 1024}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("shape", "masked", "output"),
+    [
+        ((16_000_000, 1), False, (64, 64)),  # thin: Lanczos weights across the long side, without a reduction
+        ((1, 4_000_000), False, (64, 64)),  # tall: a pointer per row in every copy
+        ((1, 4_000_000), True, (1024, 1024)),
+        ((4096, 4096), True, (1024, 1024)),  # the largest the pixel cap takes, as photos are
+        ((3000, 2000), False, (64, 64)),
+    ],
+)
+def test_an_edits_count_covers_what_decoding_and_resizing_it_really_takes(tmp_path, shape, masked, output):
+    image = tmp_path / "image.png"
+    image.write_bytes(encoded(Image.new("RGB", shape, (10, 200, 30))))
+    mask = tmp_path / "mask.png"
+    if masked:
+        mask.write_bytes(encoded(Image.new("RGBA", shape, (0, 0, 0, 0))))
+    measured = subprocess.run(
+        [sys.executable, "-c", _MEASURE, str(image), str(mask) if masked else "", *map(str, output)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    )
+    figures = json.loads(measured.stdout)
+    assert 0 < figures["peak"] <= figures["counted"], figures
