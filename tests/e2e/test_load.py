@@ -1,8 +1,8 @@
-"""Load at the defaults. 64 clients at once: every request is served (the queue holds them), none is
-"unavailable", and images equal their solo renders. A burst three times what the pair can serve
-within its maximum wait: every answer is a 200 or a 429 with ``Retry-After``, and the refused did no work
-(no place in line, no engine run, no image): what was admitted was served. How fast the refusals come is
-``benchmarks/door_burst.py``'s figure, not this test's.
+"""Load at the defaults. 64 clients at once: every request is a 200 or a 429 at once, none is "unavailable", the
+pair serves as many as admission's rule takes at its measured pace, and images equal their solo renders. A
+burst three times what the pair can serve within its maximum wait: every answer is a 200 or a 429 with
+``Retry-After``, and the refused did no work (no place in line, no engine run, no image): what was admitted
+was served. How fast the refusals come is ``benchmarks/door_burst.py``'s figure, not this test's.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ def generate(stack, seed: int) -> tuple[httpx.Response, float]:
 
 def test_sixty_four_at_once_are_all_served_or_refused_at_once(stack):
     solo = {seed: generate(stack, seed)[0].json()["data"][0]["b64_json"] for seed in (1000, 1031, 1063)}
+    most, pace = servable(stack.ar.url, stack.dit.url, "64x64", num_inference_steps=2)
     with concurrent.futures.ThreadPoolExecutor(CLIENTS) as pool:
         results = list(pool.map(lambda i: (1000 + i, *generate(stack, 1000 + i)), range(CLIENTS)))
     statuses = [response.status_code for _, response, _ in results]
@@ -63,10 +64,14 @@ def test_sixty_four_at_once_are_all_served_or_refused_at_once(stack):
     served = {
         seed: response.json()["data"][0]["b64_json"] for seed, response, _ in results if response.status_code == 200
     }
-    # At the defaults the queue holds all of them (256 places, 120 s of waiting).
-    assert len(served) == CLIENTS
-    for seed, image in solo.items():
-        assert served[seed] == image
+    # The queue has 256 places and 120 s of waiting; how many of those 120 s each takes is the pace the solo
+    # requests measured (their whole time, as the pair has not been seen under load yet), so on a busy machine
+    # some may be refused, never fewer served than the rule takes.
+    assert len(served) >= min(CLIENTS, most), (len(served), most, pace)
+    compared = [seed for seed in solo if seed in served]
+    assert compared
+    for seed in compared:
+        assert served[seed] == solo[seed]
     assert not any(settled(stack).values())
 
 
