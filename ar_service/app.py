@@ -35,6 +35,7 @@ from ar_service.readiness import ArReadiness
 from ar_service.settings import ArSettings
 from services.app import PROBE_PATHS, create_app
 from services.auth import BearerAuth
+from services.connection_guard import ConnectionGuard
 from services.drain import Drain
 from services.fatal import Fatal
 from services.internal_port import InternalPort
@@ -105,6 +106,12 @@ def create_ar_app(settings: ArSettings) -> FastAPI:
             send_timeout=settings.send_timeout_seconds,
             max_responses=settings.max_slow_readers,
             max_bytes=settings.max_slow_reader_bytes,
+        ),
+        connections=ConnectionGuard(
+            Families(metrics.app.registry, "ar"),
+            head_timeout=settings.request_head_timeout_seconds,
+            max_head_bytes=settings.max_request_head_bytes,
+            max_connections=settings.max_connections,
         ),
     )
     app.state.runtime = ArRuntime(settings, engine, prompts, dits, readiness, admission)

@@ -16,8 +16,13 @@ from services.dtype import DtypeName, default_dtype
 from services.heap import RELEASE_IDLE_SECONDS
 from services.settings import (
     DEFAULT_DRAIN_SECONDS,
+    HEAD_BYTES,
+    HEAD_SECONDS,
     HandoffToken,
+    HeadBytes,
+    HeadSeconds,
     LogLevel,
+    MaxConnections,
     NonNegative,
     Port,
     Positive,
@@ -214,6 +219,9 @@ class ArSettings(BaseSettings):
         description="Base of returned image URLs (None: the request's Host, and X-Forwarded-Proto from proxies "
         "uvicorn trusts, FORWARDED_ALLOW_IPS).",
     )
+    request_head_timeout_seconds: HeadSeconds = HEAD_SECONDS
+    max_request_head_bytes: HeadBytes = HEAD_BYTES
+    max_connections: MaxConnections = None
     log_level: LogLevel = "INFO"
     release_memory_idle_seconds: ReleaseIdleSeconds = RELEASE_IDLE_SECONDS
 

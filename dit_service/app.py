@@ -24,10 +24,11 @@ from dit_service.model_state import ModelState
 from dit_service.settings import DitSettings
 from services.app import create_app
 from services.auth import BearerAuth
+from services.connection_guard import ConnectionGuard
 from services.drain import Drain
 from services.fatal import Fatal
 from services.heap import IdleRelease, return_free_pages_in_thread
-from services.metrics import new_registry
+from services.metrics import Families, new_registry
 from shared.capabilities import Pace
 from shared.result_frames import RESERVATION_HEADER, RESERVATIONS_PATH
 from shared.row_buffer_pool import RowBufferPool
@@ -70,6 +71,12 @@ def create_dit_app(settings: DitSettings) -> FastAPI:
         admitted_while_draining=_holds_a_place,
         app_metrics=metrics.app,
         untraced_paths=(HANDOFF_PATH,),
+        connections=ConnectionGuard(
+            Families(metrics.app.registry, "dit"),
+            head_timeout=settings.request_head_timeout_seconds,
+            max_head_bytes=settings.max_request_head_bytes,
+            max_connections=settings.max_connections,
+        ),
     )
     pool = RowBufferPool(settings.idle_row_buffer_bytes) if settings.idle_row_buffer_bytes else None
     intake = HandoffIntake(

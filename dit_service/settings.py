@@ -13,8 +13,13 @@ from services.dtype import DtypeName, default_dtype
 from services.heap import RELEASE_IDLE_SECONDS
 from services.settings import (
     DEFAULT_DRAIN_SECONDS,
+    HEAD_BYTES,
+    HEAD_SECONDS,
     HandoffToken,
+    HeadBytes,
+    HeadSeconds,
     LogLevel,
+    MaxConnections,
     NonNegative,
     Port,
     Positive,
@@ -60,6 +65,9 @@ class DitSettings(BaseSettings):
         "before the service stops.",
     )
     handoff_token: HandoffToken = None
+    request_head_timeout_seconds: HeadSeconds = HEAD_SECONDS
+    max_request_head_bytes: HeadBytes = HEAD_BYTES
+    max_connections: MaxConnections = None
     log_level: LogLevel = "INFO"
     release_memory_idle_seconds: ReleaseIdleSeconds = RELEASE_IDLE_SECONDS
 

@@ -33,6 +33,7 @@ from ar_service.metrics import ArMetrics
 from ar_service.settings import ArSettings
 from dit_service.metrics import DitMetrics
 from dit_service.settings import DitSettings
+from services.connection_guard import ConnectionGuard
 from services.metrics import Families
 from services.slow_readers import SlowReaders
 
@@ -122,10 +123,20 @@ def metrics_table(*holders: object) -> str:
 
 
 def ar_metrics_table() -> str:
-    """The AR's own families, then the slow-reader guard's (its public port has one; the DiT's has not)."""
+    """The AR's own families, then the slow-reader guard's (its public port has one; the DiT's has not) and the
+    connection guard's."""
     registry = CollectorRegistry()
     guard = SlowReaders(Families(registry, "ar"), send_timeout=1.0, max_responses=1, max_bytes=1)
-    return metrics_table(ArMetrics(registry), guard)
+    return metrics_table(ArMetrics(registry), guard, connection_guard(registry, "ar"))
+
+
+def dit_metrics_table() -> str:
+    registry = CollectorRegistry()
+    return metrics_table(DitMetrics(registry), connection_guard(registry, "dit"))
+
+
+def connection_guard(registry: CollectorRegistry, service: str) -> ConnectionGuard:
+    return ConnectionGuard(Families(registry, service), head_timeout=1.0, max_head_bytes=1024, max_connections=1)
 
 
 def dashboard_builder() -> Any:
@@ -178,7 +189,7 @@ PAGES: dict[str, dict[str, Callable[[], str]]] = {
     },
     "operating.md": {
         "metrics:ar": ar_metrics_table,
-        "metrics:dit": lambda: metrics_table(DitMetrics(CollectorRegistry())),
+        "metrics:dit": dit_metrics_table,
         "panels": panels_list,
         "alerts": alerts_table,
         "recordings": recordings_list,

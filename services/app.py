@@ -21,6 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from services.app_metrics import AppMetrics
+from services.connection_guard import ConnectionGuard
 from services.drain import Drain
 from services.errors import ErrorBody, install_error_handlers
 from services.fatal import Fatal
@@ -68,16 +69,19 @@ def create_app(
     gate: Callable[[ASGIApp], ASGIApp] | None = None,
     door: Callable[[ASGIApp], ASGIApp] | None = None,
     slow_readers: SlowReaders | None = None,
+    connections: ConnectionGuard | None = None,
 ) -> FastAPI:
     """``gate`` wraps the app inside the request-id layer (so its refusals carry the id too), and
     ``drain``'s gate wraps that (``admitted_while_draining``: what must still come in while draining);
     ``door`` wraps everything, traces and metrics included: a decision that must cost next to nothing for
     hundreds of requests at once (the AR's admission), whose answers it writes, counts, ids and logs itself.
-    ``fatal``, ``drain`` and ``slow_readers`` go on ``app.state``, where ``services.serve`` finds them."""
+    ``fatal``, ``drain``, ``slow_readers`` and ``connections`` go on ``app.state``, where ``services.serve`` finds
+    them."""
     app = FastAPI(title=title, lifespan=lifespan)
     app.state.fatal = fatal
     app.state.drain = drain
     app.state.slow_readers = slow_readers
+    app.state.connections = connections
     install_error_handlers(app, app_metrics.count_error)
     if gate is not None:
         app.add_middleware(_Wrapped, wrap=gate)

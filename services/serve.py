@@ -2,8 +2,9 @@
 
 ``server`` is the one uvicorn configuration every service runs with (the test suite's servers too):
 uvicorn's httptools HTTP protocol, reporting its connections' write pauses to the app's ``SlowReaders``
-when it has one (through asyncio's flow-control callbacks, on the protocol class uvicorn's ``Config``
-loads); and a SIGTERM drains the app (``services.drain``) before the server stops, then exits 0.
+and their request heads to its ``ConnectionGuard`` when it has them (through asyncio's protocol callbacks,
+on the protocol class uvicorn's ``Config`` loads); and a SIGTERM drains the app (``services.drain``)
+before the server stops, then exits 0.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from types import FrameType
 import uvicorn
 from fastapi import FastAPI
 
+from services.connection_guard import ConnectionGuard
 from services.drain import Drain
 from services.fatal import EXIT_CODE, Fatal
 from services.slow_readers import SlowReaders
@@ -60,10 +62,14 @@ def server(app: FastAPI, host: str, port: int) -> DrainingServer:
         server_header=False,  # no "server: uvicorn": what runs the services is nobody's business
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
     )
-    guard: SlowReaders | None = getattr(app.state, "slow_readers", None)
-    if guard is not None:
+    readers: SlowReaders | None = getattr(app.state, "slow_readers", None)
+    connections: ConnectionGuard | None = getattr(app.state, "connections", None)
+    if readers is not None or connections is not None:
         config.load()  # uvicorn's server does not load it again
-        config.http_protocol_class = guard.protocol(config.http_protocol_class)
+    if readers is not None:
+        config.http_protocol_class = readers.protocol(config.http_protocol_class)
+    if connections is not None:
+        config.http_protocol_class = connections.protocol(config.http_protocol_class)
     return DrainingServer(config, getattr(app.state, "drain", None))
 
 

@@ -26,6 +26,33 @@ LogLevel = Annotated[str, Field(description="Root log level.")]
 # How long a service asked to stop lets admitted work finish: a request admitted at the AR's longest wait before
 # its render starts (120 s) and its render. Both services' default, and the launcher's when it stops them.
 DEFAULT_DRAIN_SECONDS = 150.0
+# Connections before a request (services.connection_guard): both services' defaults.
+HEAD_SECONDS = 10.0
+HEAD_BYTES = 32 << 10  # nginx's large_client_header_buffers (4 x 8k) is the same order; h11's is 16 KiB
+HeadSeconds = Annotated[
+    float,
+    Field(
+        gt=0,
+        description="A request head must arrive within this many seconds of the connection opening (or of its "
+        "first byte on a connection kept alive); else the connection closes (408 if the head had begun).",
+    ),
+]
+HeadBytes = Annotated[
+    int,
+    Field(
+        ge=1024,
+        description="Largest request head (request line and headers); past it the answer is 431 and the "
+        "connection closes.",
+    ),
+]
+MaxConnections = Annotated[
+    int | None,
+    Field(
+        ge=1,
+        description="Most open connections; at the cap a new one closes the oldest that has sent no complete head. "
+        "None: the open-file limit, raised to its hard limit, less 1024.",
+    ),
+]
 ReleaseIdleSeconds = Annotated[
     float,
     Field(ge=0, description="Seconds with nothing in flight before free memory goes back to the system (0: never)."),

@@ -398,6 +398,20 @@ SECTIONS = (
                 Query(f"sum by (reason) (rate(ardit_ar_slow_readers_closed_total{{{AR}}}[5m]))", "cut off: {{reason}}"),
             ),
             series(
+                "Connections",
+                "Open client connections on each service, and those closed before a request per second (no complete "
+                "head in time, a head over the cap, or closed to make room at the connection cap).",
+                "short",
+                Query(f"sum(ardit_ar_connections_open{{{AR}}})", "AR open"),
+                Query(f"sum(ardit_dit_connections_open{{{DIT}}})", "DiT open"),
+                Query(
+                    f"sum by (reason) (rate(ardit_ar_connections_closed_total{{{AR}}}[5m]))", "AR closed: {{reason}}"
+                ),
+                Query(
+                    f"sum by (reason) (rate(ardit_dit_connections_closed_total{{{DIT}}}[5m]))", "DiT closed: {{reason}}"
+                ),
+            ),
+            series(
                 "DiT: in flight and queued",
                 "Handoffs being received, pipeline runs executing, completed handoffs waiting for a run (of capacity).",
                 "short",

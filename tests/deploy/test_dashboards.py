@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from ar_service.metrics import ArMetrics
 from dit_service.metrics import DitMetrics
+from services.connection_guard import ConnectionGuard
 from services.metrics import Families
 from services.slow_readers import SlowReaders
 from tests.deploy.dashboard import (
@@ -57,8 +58,10 @@ def walk(node, key: str) -> Iterator:
 def exported_sample_names() -> set[str]:
     registry = CollectorRegistry()
     ar, dit = ArMetrics(registry), DitMetrics(registry)
-    # The AR's public port also has the slow-reader guard's families.
+    # The AR's public port also has the slow-reader guard's families, and both services the connection guard's.
     SlowReaders(Families(registry, "ar"), send_timeout=1.0, max_responses=1, max_bytes=1)
+    for service in ("ar", "dit"):
+        ConnectionGuard(Families(registry, service), head_timeout=1.0, max_head_bytes=1024, max_connections=1)
     # The CUDA-only gauges are not registered without CUDA; they are ardit's all the same.
     gpu = {dit.gpu_memory_allocated_bytes, dit.gpu_memory_reserved_bytes}
     assert ar

@@ -118,15 +118,18 @@ def test_an_oversized_body_is_a_413_declared_or_not(server):
     assert response.status_code == 413 and response.json()["error"]["code"] == "request_too_large"
 
 
-def test_a_body_that_does_not_arrive_is_a_408_after_the_deadline(server):
+def test_a_body_that_does_not_arrive_is_a_408_after_the_deadline_and_the_connection_closes(server):
     with socket.create_connection(("127.0.0.1", server.port)) as sock:
         sock.sendall(
             b"POST /echo HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode() + b"\r\n"
             b"Content-Length: 1000\r\n\r\n" + b"x" * 10
         )
         sock.settimeout(30)  # a hang guard: the server answers at its deadline
-        answer = sock.recv(200)
+        answer = b""
+        while chunk := sock.recv(65536):  # to the end: the server closes the connection
+            answer += chunk
     assert answer.startswith(b"HTTP/1.1 408")
+    assert b"connection: close" in answer.lower()
 
 
 def test_a_path_with_its_own_cap_takes_larger_bodies_and_no_more(server):
