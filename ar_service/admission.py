@@ -24,12 +24,16 @@ leaves the split to the work alone, and the pace unknown until a completion: the
 requests may wait, the rest are refused.
 
 A request takes its place at arrival, before its body is parsed (``AdmissionDoor``), priced as the DiTs'
-default request; once validated, serving prices it as what it really asks (``AdmissionPlace.price``), which
-is what the requests after it are priced against. Requests of a burst all arrive before the first is priced,
-so each is checked again when it is: if the requests before it, at their real prices, would hold its render
-past ``max_wait``, it is refused then (429, before any work), not admitted past the promise. Its place then
-travels with the request to serving, which waits for its turn (``AdmissionPlace.turn``); a place given up
-before its turn lets the line move on.
+default request; once validated, serving prices it as what it really asks (``AdmissionPlace.price``), which is
+what the requests after it are priced against. Requests of a burst all arrive before the first is priced, so
+each is checked again when it is: if the requests before it, at their real prices, would hold its render past
+``max_wait``, it is refused then (429, before any work), not admitted past the promise. With API keys, one
+key's requests in flight and in line, itself included, may hold at most ``max_key_wait`` of work at that pace
+(its share; one request a key may always have, however heavy): past that, that key's request is refused when
+priced, so a key that floods the line delays another key's request by at most its share (FIFO is kept: a fair
+queue that let newcomers pass would break the promise made to those already admitted). Its place then travels
+with the request to serving, which waits for its turn (``AdmissionPlace.turn``); a place given up before its
+turn lets the line move on.
 
 Everything runs on the event loop thread, so plain counters and futures are enough.
 """
@@ -76,6 +80,7 @@ class AdmissionPlace:
         self._admission = admission
         self._turn = turn
         self.load = load
+        self.tenant: str | None = None  # whose API key, once priced
         self.counted = False  # in the admission's load ahead of later arrivals
         self._entered_at = time.monotonic()
         self._settled = False
@@ -93,10 +98,11 @@ class AdmissionPlace:
         """Its turn has come: the slot is its own."""
         self._turn.set_result(None)
 
-    def price(self, load: Load) -> None:
-        """What the request really asks, once known: the requests after it are priced against it. ``Overloaded``
-        when the requests before it, at their prices, would hold its render past the wait promised."""
-        self._admission.repriced(self, load)
+    def price(self, load: Load, tenant: str | None = None) -> None:
+        """What the request really asks, once known, and whose key sent it: the requests after it are priced
+        against it. ``Overloaded`` when the requests before it, at their prices, would hold its render past the
+        wait promised, or its key's requests before it already hold the key's share."""
+        self._admission.repriced(self, load, tenant)
 
     async def turn(self) -> AdmissionTicket:
         try:
@@ -115,9 +121,10 @@ class AdmissionPlace:
 
 
 class RequestAdmission:
-    def __init__(self, max_queued: int, max_wait: float, metrics: ArMetrics) -> None:
+    def __init__(self, max_queued: int, max_wait: float, metrics: ArMetrics, max_key_wait: float | None = None) -> None:
         self._max_queued = max_queued
         self._max_wait = max_wait
+        self._max_key_wait = max_key_wait
         self._metrics = metrics
         self._waiting: deque[AdmissionPlace] = deque()
         self._running = 0
@@ -148,7 +155,9 @@ class RequestAdmission:
         wait = self.estimated_wait()
         if wait is not None and wait > self._max_wait:
             # A refusal is decided before anything is made for it: in a burst, most arrivals end here.
-            raise self._refuse(f"the wait would be about {wait:.0f} s, over {self._max_wait:g} s", wait)
+            raise self._refuse(
+                f"the wait would be about {wait:.0f} s, over {self._max_wait:g} s", wait - self._max_wait
+            )
         if self._running < capacity and not self._waiting:
             started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             started.set_result(None)
@@ -157,9 +166,9 @@ class RequestAdmission:
             return place
         ahead = len(self._waiting)
         if ahead >= self._max_queued:
-            raise self._refuse(f"the queue is full ({self._max_queued} requests wait)", wait)
+            raise self._refuse(f"the queue is full ({self._max_queued} requests wait)", _over(wait, self._max_wait))
         if wait is None and ahead >= capacity:
-            raise self._refuse("the pace of this service is not measured yet; one round may wait", wait)
+            raise self._refuse("the pace of this service is not measured yet; one round may wait", None)
         place = AdmissionPlace(self, asyncio.get_running_loop().create_future(), load)
         self._waiting.append(place)
         self._count(place)
@@ -186,21 +195,33 @@ class RequestAdmission:
         pace = self.pace
         return None if pace is None else pace.seconds(self._ahead)
 
-    def repriced(self, place: AdmissionPlace, load: Load) -> None:
+    def repriced(self, place: AdmissionPlace, load: Load, tenant: str | None = None) -> None:
         if place.counted:
             self._ahead += load - place.load
         place.load = load
+        place.tenant = tenant
         pace = self.pace
         if pace is None or not place.counted:
             return
-        before = Load()
+        before = own = Load()
         for other in self._counted:
             if other is place:
                 break
             before += other.load
+            if tenant is not None and other.tenant == tenant:
+                own += other.load
         wait = pace.seconds(before)
         if wait > self._max_wait:
-            raise self._refuse(f"the wait would be about {wait:.0f} s, over {self._max_wait:g} s", wait)
+            raise self._refuse(
+                f"the wait would be about {wait:.0f} s, over {self._max_wait:g} s", wait - self._max_wait
+            )
+        own_wait = pace.seconds(own + load)
+        if tenant is not None and self._max_key_wait is not None and own.requests and own_wait > self._max_key_wait:
+            raise self._refuse(
+                f"this API key's requests in line would hold about {own_wait:.0f} s of work, over its share of "
+                f"{self._max_key_wait:g} s",
+                own_wait - self._max_key_wait,
+            )
 
     def finished(self, place: AdmissionPlace, served: bool) -> None:
         if served:
@@ -269,9 +290,9 @@ class RequestAdmission:
         self._metrics.requests_in_flight.set(self._running)
         self._metrics.requests_queued.set(len(self._waiting))
 
-    def _refuse(self, why: str, wait: float | None) -> Overloaded:
-        until_room = _RETRY_AFTER[0] if wait is None else wait - self._max_wait
-        retry_after = min(_RETRY_AFTER[1], max(_RETRY_AFTER[0], until_room))
+    def _refuse(self, why: str, over: float | None) -> Overloaded:
+        """``over``: seconds of work past the bound, the time until there would be room (None: unknown)."""
+        retry_after = min(_RETRY_AFTER[1], max(_RETRY_AFTER[0], _RETRY_AFTER[0] if over is None else over))
         return Overloaded(
             f"too many image requests: {why}; retry in {math.ceil(retry_after)} s",
             code="rate_limit_exceeded",
@@ -279,8 +300,18 @@ class RequestAdmission:
         )
 
 
-def admitted_at_once(capacity: int, max_queued: int, max_wait: float, pace: Pace, load: Load) -> int:
+def _over(wait: float | None, bound: float) -> float | None:
+    return None if wait is None else wait - bound
+
+
+def admitted_at_once(
+    capacity: int, max_queued: int, max_wait: float, pace: Pace, load: Load, max_key_wait: float | None = None
+) -> int:
     """How many requests of ``load`` each, arriving at once at an idle pair, admission takes at ``pace``: each
-    waits for those before it, and the line holds ``max_queued`` beyond the slots."""
+    waits for those before it, and the line holds ``max_queued`` beyond the slots; from one API key, no more
+    than its share (``max_key_wait``) holds, and at least one."""
     each = pace.seconds(load)
-    return capacity + max_queued if each <= 0 else min(capacity + max_queued, math.floor(max_wait / each) + 1)
+    most = capacity + max_queued if each <= 0 else min(capacity + max_queued, math.floor(max_wait / each) + 1)
+    if max_key_wait is not None and each > 0:
+        most = min(most, max(1, math.floor(max_key_wait / each)))
+    return most

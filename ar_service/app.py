@@ -63,7 +63,12 @@ def create_ar_app(settings: ArSettings) -> FastAPI:
     prompts = PromptBuilder.from_model_dir(settings.model_dir, settings.prompt_template)
     dits = DitPool.of_settings(settings, engine.text_model.hidden_size, engine.layer)
     readiness = ArReadiness(dits)
-    admission = RequestAdmission(settings.max_queued_requests, settings.max_queue_wait_seconds, metrics)
+    admission = RequestAdmission(
+        settings.max_queued_requests,
+        settings.max_queue_wait_seconds,
+        metrics,
+        max_key_wait=settings.max_queue_wait_per_key_seconds if settings.api_keys else None,
+    )
     store = image_store(
         settings.image_store_url, settings.image_store_size, settings.image_store_bytes, settings.image_ttl_seconds
     )

@@ -190,6 +190,12 @@ class ArSettings(BaseSettings):
         description="A request whose render would start later than this, by the work admitted before it at the "
         "pair's pace, is refused at once (429); one that is admitted is served.",
     )
+    max_queue_wait_per_key_seconds: Seconds = Field(
+        60.0,
+        description="With API keys: the work one key's requests in flight and waiting may hold, at the pair's pace "
+        "(half the longest wait: another key always finds the other half); past it that key's next request is "
+        "refused (429), so a key that floods the queue delays another key's request by at most this.",
+    )
     send_timeout_seconds: Seconds = Field(
         60.0,
         description="A client that takes no byte of its answer for this long is cut off (its capacity was given "

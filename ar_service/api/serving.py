@@ -165,7 +165,7 @@ class ImageServing:
         # (admission decides at arrival), then 404 / 400 (validation), then 429 once priced (the requests of its
         # burst before it turned out heavier than the default); an admitted request may wait its turn.
         try:
-            place.price(Load.of(valid.generation.diffusion))
+            place.price(Load.of(valid.generation.diffusion), _tenant(raw_request))
             turn = place.turn()
             async with self.drain.bounded():  # a replica that is shutting down stops waiting at its deadline
                 ticket = await (turn if place.started else cancel_on_disconnect(raw_request, turn))

@@ -352,3 +352,65 @@ def test_a_burst_of_heavy_requests_priced_as_the_default_at_the_door_is_refused_
     outcomes, wait_after = asyncio.run(scenario())
     assert outcomes == ["admitted"] * 3 + ["too many image requests: the wait would be about 15 s, over 12 s"] * 2
     assert wait_after == 0.0
+
+
+def test_with_keys_a_flooding_key_holds_its_share_and_another_keys_request_is_admitted_behind_only_that(
+    clock: Clock,
+):
+    """Key A sends twenty requests of a second each; with a 4 s share per key, A's requests past 4 s of work in
+    line are refused when priced, and key B's one request, arriving after them all, waits behind A's share
+    only (within the 10 s the whole line may hold)."""
+
+    async def scenario():
+        gate = RequestAdmission(100, 10.0, ArMetrics(CollectorRegistry()), max_key_wait=4.0)
+        await serve_one(gate, clock, 1.0)  # a second a request
+        outcomes = []
+        held = []
+        for _ in range(20):
+            place = gate.enter(1, units(1.0))
+            try:
+                place.price(units(1.0), "a")
+                outcomes.append("admitted")
+                held.append(place)
+            except Overloaded as refused:
+                place.leave()
+                outcomes.append(refused.message.split(";")[0])
+        b = gate.enter(1, units(1.0))
+        b.price(units(1.0), "b")
+        wait_for_b = gate.pace.seconds(sum((p.load for p in held), start=Load()))  # type: ignore[union-attr]
+        for place in (*held, b):
+            place.leave()
+        return outcomes, wait_for_b
+
+    outcomes, wait_for_b = asyncio.run(scenario())
+    refusal = (
+        "too many image requests: this API key's requests in line would hold about 5 s of work, over its share of 4 s"
+    )
+    assert outcomes == ["admitted"] * 4 + [refusal] * 16
+    assert wait_for_b == 4.0
+
+
+def test_without_keys_no_share_applies():
+    async def scenario():
+        gate = RequestAdmission(100, 10.0, ArMetrics(CollectorRegistry()), max_key_wait=4.0)
+        places = [gate.enter(1, units(1.0), Pace(per_request=1.0, per_work=0.0)) for _ in range(8)]
+        for place in places:
+            place.price(units(1.0), None)
+        for place in places:
+            place.leave()
+
+    asyncio.run(scenario())
+
+
+def test_a_key_may_always_have_one_request_however_heavy():
+    async def scenario():
+        gate = RequestAdmission(100, 100.0, ArMetrics(CollectorRegistry()), max_key_wait=4.0)
+        first = gate.enter(1, units(1.0), Pace(per_request=0.0, per_work=1.0))
+        first.price(units(50.0), "a")  # alone over its key's share
+        second = gate.enter(1, units(1.0), Pace(per_request=0.0, per_work=1.0))
+        with pytest.raises(Overloaded):
+            second.price(units(1.0), "a")
+        second.leave()
+        first.leave()
+
+    asyncio.run(scenario())

@@ -52,7 +52,7 @@ def generate(stack, seed: int) -> tuple[httpx.Response, float]:
 
 def test_sixty_four_at_once_are_all_served_or_refused_at_once(stack):
     solo = {seed: generate(stack, seed)[0].json()["data"][0]["b64_json"] for seed in (1000, 1031, 1063)}
-    most, pace = servable(stack.ar.url, stack.dit.url, "64x64", num_inference_steps=2)
+    most, pace = servable(stack.ar.url, stack.dit.url, "64x64", keyed=True, num_inference_steps=2)
     with concurrent.futures.ThreadPoolExecutor(CLIENTS) as pool:
         results = list(pool.map(lambda i: (1000 + i, *generate(stack, 1000 + i)), range(CLIENTS)))
     statuses = [response.status_code for _, response, _ in results]
@@ -79,9 +79,10 @@ def capabilities(dit_url: str) -> DitCapabilities:
     return DitCapabilities.model_validate(httpx.get(f"{dit_url}/readyz").json()["capabilities"])
 
 
-def servable(ar_url: str, dit_url: str, size: str, **asks: int) -> tuple[int, Pace]:
+def servable(ar_url: str, dit_url: str, size: str, keyed: bool = False, **asks: int) -> tuple[int, Pace]:
     """What the pair takes of a burst of requests of ``size`` (and ``asks``: steps, images) at its measured pace,
-    by admission's own rule. Returned with the pace it came from."""
+    by admission's own rule (``keyed``: all from one API key, which holds its share at most). Returned with the
+    pace it came from."""
     settings = ArSettings()
     pace = Pace(
         per_request=sample(ar_url, "ardit_ar_admission_seconds_per_request"),
@@ -98,6 +99,7 @@ def servable(ar_url: str, dit_url: str, size: str, **asks: int) -> tuple[int, Pa
         settings.max_queue_wait_seconds,
         pace,
         Load.of(params),
+        settings.max_queue_wait_per_key_seconds if keyed else None,
     )
     return most, pace
 
@@ -171,7 +173,7 @@ def test_heavy_requests_after_light_traffic_are_served_within_the_wait_or_refuse
         light = {"prompt": "a light one", "size": "64x64", "num_inference_steps": 2, "seed": seed}
         assert httpx.post(url, json=light, headers=headers, timeout=600).status_code == 200
     heavy = {"prompt": "a heavy one", "size": "512x512", "num_inference_steps": 40, "n": 4}
-    most, pace = servable(stack.ar.url, stack.dit.url, "512x512", num_inference_steps=40, num_images=4)
+    most, pace = servable(stack.ar.url, stack.dit.url, "512x512", keyed=True, num_inference_steps=40, num_images=4)
     images_before = sample(stack.dit.url, "ardit_dit_images_total", format="png")
     with concurrent.futures.ThreadPoolExecutor(most + 4) as pool:
         answers = list(

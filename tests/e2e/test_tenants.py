@@ -1,0 +1,65 @@
+"""Tenants at the defaults (the stack has two API keys): a key that floods the queue gets 429 past its share,
+and another key's single request, sent after the flood, waits behind that share only."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import math
+import time
+
+import httpx
+import pytest
+
+from shared.capabilities import Load
+from tests.conftest import API_KEY, OTHER_API_KEY
+from tests.e2e.metrics_text import sample
+from tests.e2e.test_load import capabilities, servable, stages
+
+pytestmark = pytest.mark.slow
+
+SIZE, STEPS = "512x512", 20
+HANG_GUARD = 900.0
+
+
+def test_a_flooding_key_cannot_make_another_keys_request_wait_past_its_share(stack):
+    share = stack.settings.max_queue_wait_per_key_seconds
+    url = f"{stack.api_base}/images/generations"
+
+    def generate(key: str, seed: int) -> httpx.Response:
+        body = {"prompt": f"a flood of boats {seed}", "seed": seed, "size": SIZE, "num_inference_steps": STEPS}
+        return httpx.post(url, json=body, headers={"authorization": f"Bearer {key}"}, timeout=HANG_GUARD)
+
+    assert generate(API_KEY, 0).status_code == 200  # the pace of these, measured
+    load = Load.of(
+        capabilities(stack.dit.url)
+        .defaults.params()
+        .model_copy(update={"width": 512, "height": 512, "num_inference_steps": STEPS})
+    )
+    each = servable(stack.ar.url, stack.dit.url, SIZE, num_inference_steps=STEPS)[1].seconds(load)
+    # Half as much again as the share, within the whole line's wait: without a share, B would wait all of it.
+    flood = math.ceil(1.5 * share / each) + 1
+    with concurrent.futures.ThreadPoolExecutor(flood + 1) as pool:
+        floods = [pool.submit(generate, API_KEY, seed) for seed in range(1, flood + 1)]
+        deadline = time.monotonic() + HANG_GUARD
+        while sum(f.done() for f in floods) + placed(stack) < flood:  # every one of A's refused or in line
+            assert time.monotonic() < deadline, "the flood did not arrive"
+            time.sleep(0.05)
+        other = pool.submit(generate, OTHER_API_KEY, 0).result()
+        answers = [f.result() for f in floods]
+    refused = [a for a in answers if a.status_code == 429]
+    print(
+        f"key A sent {flood} requests of ~{each:.1f} s ({share:g} s share): {len(answers) - len(refused)} x 200, "
+        f"{len(refused)} x 429; key B waited {sum(stages(other)[s] for s in ('queue', 'dit_queue')):.1f} s"
+    )
+    assert {a.status_code for a in answers} == {200, 429}
+    assert all("this API key's requests in line" in a.json()["error"]["message"] for a in refused)
+    assert other.status_code == 200
+    # The share is seconds at the pace measured before the flood; the flood itself measures how fast the pair
+    # really went, and B's wait is held to the share at that pace.
+    went = servable(stack.ar.url, stack.dit.url, SIZE, num_inference_steps=STEPS)[1].seconds(load)
+    waited = stages(other)
+    assert waited["queue"] + waited["dit_queue"] <= share * max(1.0, went / each)
+
+
+def placed(stack) -> float:
+    return sample(stack.ar.url, "ardit_ar_requests_queued") + sample(stack.ar.url, "ardit_ar_requests_in_flight")
