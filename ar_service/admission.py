@@ -101,7 +101,7 @@ class AdmissionPlace:
     def price(self, load: Load, tenant: str | None = None) -> None:
         """What the request really asks, once known, and whose key sent it: the requests after it are priced
         against it. ``Overloaded`` when the requests before it, at their prices, would hold its render past the
-        wait promised, or its key's requests before it already hold the key's share."""
+        wait promised, or its key's requests, with it, would hold more than the key's share."""
         self._admission.repriced(self, load, tenant)
 
     async def turn(self) -> AdmissionTicket:
@@ -204,12 +204,15 @@ class RequestAdmission:
         if pace is None or not place.counted:
             return
         before = own = Load()
+        ahead = True
         for other in self._counted:
             if other is place:
-                break
-            before += other.load
+                ahead = False
+                continue
+            if ahead:
+                before += other.load
             if tenant is not None and other.tenant == tenant:
-                own += other.load
+                own += other.load  # before or after it: whichever order the bodies arrived in
         wait = pace.seconds(before)
         if wait > self._max_wait:
             raise self._refuse(

@@ -193,8 +193,8 @@ class ArSettings(BaseSettings):
     max_queue_wait_per_key_seconds: Seconds = Field(
         60.0,
         description="With API keys: the work one key's requests in flight and waiting may hold, at the pair's pace "
-        "(half the longest wait: another key always finds the other half); past it that key's next request is "
-        "refused (429), so a key that floods the queue delays another key's request by at most this.",
+        "(half the longest wait); past it that key's next request is refused (429), so a key that floods the queue "
+        "delays another key's request by at most this.",
     )
     send_timeout_seconds: Seconds = Field(
         60.0,

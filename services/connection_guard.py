@@ -29,7 +29,7 @@ import asyncio
 import json
 import logging
 import resource
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import httptools
 
@@ -109,8 +109,8 @@ class ConnectionGuard:
     def refuse(self, transport: asyncio.BaseTransport, reason: str, answer: bytes | None) -> None:
         """Close a connection whose head is late or too large, with ``answer`` written first if given."""
         if answer is not None and not transport.is_closing():
-            assert isinstance(transport, asyncio.WriteTransport)
-            transport.write(answer)
+            # A write transport, if not asyncio's class: uvloop's (what uvicorn runs on) derives from none of them.
+            cast(asyncio.WriteTransport, transport).write(answer)
         self._close(transport, reason)
 
     def _close(self, transport: asyncio.BaseTransport, reason: str) -> None:
@@ -173,9 +173,12 @@ class HeadWatch:
         self._head_begun = False
         try:
             self._parser.feed_data(data)
-        except (httptools.HttpParserUpgrade, httptools.HttpParserError):
-            # An upgrade is no longer HTTP/1.1 requests; a malformed head is uvicorn's to answer (400).
-            self.stop()
+        except httptools.HttpParserUpgrade:
+            # The services run no WebSocket protocol (``services.serve``): uvicorn serves an upgrade request as
+            # a plain one, and parsing goes on, for uvicorn and here alike.
+            pass
+        except httptools.HttpParserError:
+            self.stop()  # a malformed head is uvicorn's to answer (400), and it closes the connection
             return True
         if in_head or self._head_begun:
             # The chunk's bytes that are not body are head (two whole heads pipelined in one chunk count
@@ -226,6 +229,11 @@ class HeadWatch:
 
     def _late(self) -> None:
         self._timer = None
+        if not cast(asyncio.ReadTransport, self._transport).is_reading():
+            # uvicorn stopped reading (a pipelined request waits for the one before it): the head's lateness is
+            # the service's, not the client's.
+            self._arm()
+            return
         begun = self._head_bytes > 0
         self.stop()
         message = f"the request head did not arrive within {self._guard.head_timeout:g} s"

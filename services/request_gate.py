@@ -5,10 +5,11 @@ Pure ASGI, in front of the app: a request without a valid key is answered
 401 before one byte of its body is read (a valid key's tenant goes on ``request.state.tenant``); a
 body over its cap — ``max_body_bytes``, or a path's own in ``path_body_bytes`` (image uploads) — is
 a 413 (from ``Content-Length`` at once, or as soon as the count passes the cap), and a body that
-does not arrive within ``body_timeout`` seconds (a slow or lying client) is a 408. Both close the
-connection (``Connection: close``): the rest of a body not read would otherwise be parsed as the next
-request. The body is then replayed to the app, so handlers parse at most their cap and never wait on a
-slow client.
+does not arrive within ``body_timeout`` seconds (a slow or lying client) is a 408, which closes the
+connection (``Connection: close``): a client that slow has no next request worth waiting for. (A 413
+keeps it: uvicorn reads and drops the rest of the body, where closing on unread bytes would reset the
+connection and lose the answer.) The body is then replayed to the app, so handlers parse at most their
+cap and never wait on a slow client.
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ _CLOSE = {"Connection": "close"}
 
 
 def _too_large(limit: int) -> ApiError:
-    return ApiError(413, f"the request body is over {limit} bytes", code="request_too_large", headers=_CLOSE)
+    return ApiError(413, f"the request body is over {limit} bytes", code="request_too_large")
 
 
 def header(scope: Scope, name: bytes) -> str | None:

@@ -58,6 +58,7 @@ def server(app: FastAPI, host: str, port: int) -> DrainingServer:
         host=host,
         port=port,
         http="httptools",
+        ws="none",  # no service speaks WebSocket: an upgrade request is served as a plain one
         log_config=None,
         server_header=False,  # no "server: uvicorn": what runs the services is nobody's business
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,

@@ -414,3 +414,23 @@ def test_a_key_may_always_have_one_request_however_heavy():
         first.leave()
 
     asyncio.run(scenario())
+
+
+def test_a_keys_share_counts_its_places_whichever_order_their_bodies_were_priced_in():
+    async def scenario():
+        gate = RequestAdmission(100, 100.0, ArMetrics(CollectorRegistry()), max_key_wait=4.0)
+        pace = Pace(per_request=0.0, per_work=1.0)
+        places = [gate.enter(1, units(1.0), pace) for _ in range(6)]
+        outcomes = []
+        for place in reversed(places):  # the last to arrive is the first whose body is read
+            try:
+                place.price(units(1.0), "a")
+                outcomes.append("admitted")
+            except Overloaded:
+                place.leave()
+                outcomes.append("refused")
+        for place in places:
+            place.leave()
+        return outcomes
+
+    assert asyncio.run(scenario()) == ["admitted"] * 4 + ["refused"] * 2

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
+import uvloop
 from fastapi import Request
 from prometheus_client import CollectorRegistry
 
@@ -48,8 +49,8 @@ class Served:
         return client
 
 
-@pytest.fixture
-def served() -> Iterator[Served]:
+@pytest.fixture(params=["asyncio", "uvloop"])  # uvloop: what the services run on (uvicorn's loop="auto")
+def served(request: pytest.FixtureRequest) -> Iterator[Served]:
     registry = CollectorRegistry()
     guard = ConnectionGuard(
         Families(registry, "t"), head_timeout=HEAD_TIMEOUT, max_head_bytes=MAX_HEAD, max_connections=MAX_CONNECTIONS
@@ -73,8 +74,10 @@ def served() -> Iterator[Served]:
         await asyncio.sleep(seconds)
         return {"status": "done"}
 
-    server = LiveServer(app).start()
-    yield Served(server, registry)
+    server = LiveServer(
+        app, loop_factory=uvloop.new_event_loop if request.param == "uvloop" else asyncio.new_event_loop
+    )
+    yield Served(server.start(), registry)
     server.stop()
 
 
@@ -180,3 +183,12 @@ def test_at_the_cap_a_new_connection_closes_the_oldest_headless_one_and_busy_one
     assert served.closed("evicted") >= 1
     for client in (busy, *idle):
         client.close()
+
+
+def test_an_upgrade_request_is_served_as_a_plain_one_and_the_connection_stays_guarded(served):
+    with served.connect() as client:
+        client.sendall(head(extra="connection: upgrade\r\nupgrade: websocket\r\n"))
+        assert answer(client)[0] == 200
+        client.sendall(b"GET /healthz HTTP/1.1\r\n")  # then a head that never ends
+        assert answers(client) == b""
+    assert served.closed("head_timeout") == 1

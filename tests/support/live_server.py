@@ -7,7 +7,7 @@ import asyncio
 import socket
 import threading
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import httpx
@@ -19,9 +19,16 @@ T = TypeVar("T")
 
 
 class LiveServer:
-    def __init__(self, app: FastAPI, port: int = 0, send_buffer_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        app: FastAPI,
+        port: int = 0,
+        send_buffer_bytes: int | None = None,
+        loop_factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop,
+    ) -> None:
         """``port``: 0 for a free one; ``send_buffer_bytes``: the kernel's send buffer of every connection
-        (Linux gives accepted sockets their listener's), else the kernel's own, which grows to megabytes."""
+        (Linux gives accepted sockets their listener's), else the kernel's own, which grows to megabytes;
+        ``loop_factory``: uvloop's to run as ``python -m <service>`` does (uvicorn's ``loop="auto"``)."""
         self.app = app
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -31,7 +38,7 @@ class LiveServer:
         self.port = self._socket.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self._server = server(app, "127.0.0.1", self.port)  # as `python -m <service>` runs it
-        self.loop = asyncio.new_event_loop()
+        self.loop = loop_factory()
         self._thread = threading.Thread(target=self._serve, daemon=True)
 
     def _serve(self) -> None:
