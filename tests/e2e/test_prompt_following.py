@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import pytest
 from openai import BadRequestError, OpenAI
 from PIL import Image
@@ -137,10 +138,25 @@ def test_random_model_fails_the_same_check(stack):
     assert not followed, scores
 
 
+# What a hit may change in the demo's picture in bf16 (this machine's default): its tail rows are computed in a batch
+# of another shape, and the CPU's bf16 kernels may round them one step apart; the demo DiT turns that into up to
+# 21/255, 0.54/255 on average (benchmarks/results/bf16_hit_miss.md). A wrong cache (other rows, another prompt's)
+# draws another picture. In fp32 a hit is bitwise a miss (tests/e2e/test_qwen_image_reference.py).
+BF16_HIT_MAX, BF16_HIT_MEAN = 32, 1.0
+
+
 def test_a_prompt_served_from_the_prefix_cache_gives_the_same_picture(demo):
     request = {"seed": 4, "num_inference_steps": STEPS, "cache_salt": "e2e-demo-prefix-cache"}
     cold = demo.images.generate(model="ardit", prompt=CACHED_PROMPT, size="64x64", extra_body=request)
     warm = demo.images.generate(model="ardit", prompt=CACHED_PROMPT, size="64x64", extra_body=request)
     assert cold.usage.model_extra["cached_tokens"] == 0
     assert warm.usage.model_extra["cached_tokens"] > 0
-    assert warm.data[0].b64_json == cold.data[0].b64_json
+    difference = abs(
+        np.asarray(picture(warm).convert("RGB"), dtype=np.int16)
+        - np.asarray(picture(cold).convert("RGB"), dtype=np.int16)
+    )
+    assert difference.max() <= BF16_HIT_MAX and difference.mean() <= BF16_HIT_MEAN, (
+        difference.max(),
+        difference.mean(),
+    )
+    assert judge(picture(warm)) == judge(picture(cold))  # the same scene
