@@ -210,9 +210,15 @@ class ArSettings(BaseSettings):
     sse_keepalive_seconds: Seconds = Field(
         10.0, description="Keep-alive comment interval on event streams, so proxies do not cut a silent render."
     )
-    image_store_size: Positive = Field(256, description="Images kept for response_format=url.")
+    image_store_size: Positive = Field(
+        256,
+        description="Images kept for response_format=url; when full, the oldest image of the API key holding the "
+        "most goes first (one key cannot evict another's that holds less).",
+    )
     image_store_bytes: Positive = Field(
-        256 << 20, description="Bytes of images kept for response_format=url (the oldest go first)."
+        256 << 20,
+        description="Bytes of images kept for response_format=url; when full, the oldest image of the API key "
+        "holding the most bytes goes first.",
     )
     image_ttl_seconds: Seconds = Field(600.0, description="How long a url image lives.")
     image_store_url: str | None = Field(
@@ -222,14 +228,26 @@ class ArSettings(BaseSettings):
     )
     public_base_url: str | None = Field(
         None,
-        description="Base of returned image URLs (None: the request's Host, and X-Forwarded-Proto from proxies "
-        "uvicorn trusts, FORWARDED_ALLOW_IPS).",
+        description="Base of returned image URLs, the address clients reach this service at (https://images.example.com"
+        "). None: http://HOST:PORT where the service listens on one address; listening on every address (0.0.0.0), "
+        "response_format=url is a 400 until this is set. A request's Host or X-Forwarded-* never names it.",
     )
     request_head_timeout_seconds: HeadSeconds = HEAD_SECONDS
     max_request_head_bytes: HeadBytes = HEAD_BYTES
     max_connections: MaxConnections = None
     log_level: LogLevel = "INFO"
     release_memory_idle_seconds: ReleaseIdleSeconds = RELEASE_IDLE_SECONDS
+
+    @property
+    def image_base_url(self) -> str | None:
+        """Where returned url images live: ``public_base_url``, else the one address this service listens on
+        (``make run``'s loopback). A link's host never comes from the request, which any client writes."""
+        if self.public_base_url:
+            return self.public_base_url
+        if self.host in ("", "0.0.0.0", "::"):
+            return None
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
 
     @property
     def engine_dtype(self) -> DtypeName:

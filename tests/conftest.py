@@ -24,6 +24,7 @@ from services.checkpoints import PLUMBING_DIT_MODEL, default_model_dir
 from tests.support import leftovers
 from tests.support.background_loop import BackgroundLoop
 from tests.support.live_server import LiveServer
+from tests.support.ports import free_port
 
 # Bitwise image comparisons need a fixed intra-op thread count.
 torch.set_num_threads(1)
@@ -128,8 +129,9 @@ def stack() -> Iterator[Stack]:
         api_keys=[API_KEY, OTHER_API_KEY],
         admin_token=ADMIN_TOKEN,
         max_new_tokens_limit=64,
+        port=free_port(),  # the address it listens on is the one its url images name
     )
-    ar = LiveServer(create_ar_app(settings)).start().wait_ready()
+    ar = LiveServer(create_ar_app(settings), port=settings.port).start().wait_ready()
     yield Stack(ar=ar, dit=dit, settings=settings)
     ar.stop()
     dit.stop()

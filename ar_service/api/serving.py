@@ -187,7 +187,7 @@ class ImageServing:
         finally:
             ticket.release(served)
             valid.release()
-        return ImagesAnswer(await self._response(valid, result, str(raw_request.base_url)), result.timings)
+        return ImagesAnswer(await self._response(valid, result), result.timings)
 
     async def _events(
         self,
@@ -247,11 +247,11 @@ class ImageServing:
             self.metrics.requests.labels(status=status).inc()
             self.metrics.request_seconds.observe(time.perf_counter() - valid.generation.received_at)
 
-    async def _response(self, valid: ValidGeneration, result: GenerationResult, base_url: str) -> ImagesResponse:
+    async def _response(self, valid: ValidGeneration, result: GenerationResult) -> ImagesResponse:
         options, data = valid.response, []
         for image in _in_order(result.images):
             if options.response_format == "url":
-                item = ImageData(url=await self._stored(image, base_url))
+                item = ImageData(url=await self._stored(image, options.owner))
             else:
                 item = ImageData(b64_json=_b64(image.data))
             data.append(item.model_copy(update={"revised_prompt": result.revised_prompt}))
@@ -265,16 +265,19 @@ class ImageServing:
             usage=usage(result),
         )
 
-    async def _stored(self, image: ImageFrame, base_url: str) -> str:
+    async def _stored(self, image: ImageFrame, owner: str) -> str:
+        # Validation let url through only where the base is configured: a request's Host never names it.
+        base_url = self.settings.image_base_url
+        assert base_url is not None
         try:
-            name = await self.store.put(image.data, image.output_format)
+            name = await self.store.put(image.data, image.output_format, owner)
         except ImageTooLargeForStore as exc:
             raise ApiError(
                 400, f"{exc}; ask for response_format=b64_json", param="response_format", code="unsupported_value"
             ) from None
         except ImageStoreUnavailable as exc:
             raise _store_unavailable(exc) from None
-        return f"{(self.settings.public_base_url or base_url).rstrip('/')}/v1/images/{name}"
+        return f"{base_url.rstrip('/')}/v1/images/{name}"
 
     @staticmethod
     def _partial_event(valid: ValidGeneration, frame: PartialImageFrame) -> PartialImageEvent:

@@ -42,13 +42,14 @@ _CODE_BY_PARAM = {"size": "invalid_size", "output_format": "unsupported_value"}
 
 @dataclass(frozen=True)
 class ResponseOptions:
-    """How the answer is shaped: a JSON body or an event stream, and what it echoes."""
+    """How the answer is shaped: a JSON body or an event stream, what it echoes, whose url images."""
 
     event_prefix: EventPrefix
     stream: bool
     response_format: Literal["b64_json", "url"]
     quality: str | None  # as echoed (None where OpenAI reports none)
     safety_identifier: str | None
+    owner: str = ""  # the API key's tenant ("" without keys): its url images are kept in its share
 
 
 @dataclass(frozen=True)
@@ -146,6 +147,12 @@ class RequestValidator:
             raise _invalid("background 'transparent' is not supported by this model", "background", "unsupported_value")
         if body.output_compression is not None and body.output_format == "png":
             raise _invalid("output_compression applies to jpeg and webp only", "output_compression")
+        if body.response_format == "url" and s.image_base_url is None:
+            raise _invalid(
+                "response_format=url needs this server's public address (ARDIT_AR_PUBLIC_BASE_URL); ask for b64_json",
+                "response_format",
+                "unsupported_value",
+            )
         max_new = body.max_new_tokens or s.max_new_tokens
         if max_new > s.max_new_tokens_limit:
             raise _invalid(f"max_new_tokens is limited to {s.max_new_tokens_limit}", "max_new_tokens")
@@ -169,6 +176,7 @@ class RequestValidator:
             response_format=body.response_format,
             quality=body.echoed_quality,
             safety_identifier=body.effective_safety_identifier,
+            owner=tenant or "",
         )
         return ValidGeneration(generation, response)
 

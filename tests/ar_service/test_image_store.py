@@ -128,3 +128,52 @@ def test_an_access_log_line_never_shows_an_images_name():
     )
     assert ImageNamesHidden().filter(record)
     assert name not in record.getMessage() and "/v1/images/img_<hidden>" in record.getMessage()
+
+
+def test_a_key_that_floods_the_store_evicts_its_own_images_not_anothers(new_store):
+    async def scenario():
+        store = new_store(4, 10**6, 60)
+        kept = [await store.put(b"b", "png", owner="b")]
+        flood = [await store.put(b"a", "png", owner="a") for _ in range(10)]
+        return await found(store, kept), await found(store, flood)
+
+    kept, flood = asyncio.run(scenario())
+    assert kept == [True]
+    assert flood == [False] * 7 + [True] * 3  # a's oldest went, a holds the rest of the count
+
+
+def test_a_full_store_takes_from_the_key_holding_the_most_bytes(new_store):
+    async def scenario():
+        store = new_store(100, 1000, 60)
+        small = [await store.put(bytes(100), "png", owner="small") for _ in range(2)]
+        large = [await store.put(bytes(300), "png", owner="large") for _ in range(2)]
+        newcomer = [await store.put(bytes(300), "png", owner="newcomer")]  # 1,100 bytes: one must go
+        return await found(store, small), await found(store, large), await found(store, newcomer)
+
+    assert asyncio.run(scenario()) == ([True, True], [False, True], [True])
+
+
+def test_every_key_storing_keeps_its_equal_share(new_store):
+    async def scenario():
+        store = new_store(6, 10**6, 60)
+        names: dict[str, list[str]] = {"a": [], "b": [], "c": []}
+        for _ in range(10):  # the three keys take turns putting far more than the store holds
+            for owner, kept in names.items():
+                kept.append(await store.put(owner.encode(), "png", owner=owner))
+        return {owner: sum(await found(store, kept)) for owner, kept in names.items()}
+
+    assert asyncio.run(scenario()) == {"a": 2, "b": 2, "c": 2}
+
+
+def test_the_memory_store_expires_by_its_clock():
+    now = [0.0]
+    store = MemoryImageStore(4, 1000, 10, clock=lambda: now[0])
+
+    async def scenario():
+        names = await put_all(store, [(b"x", "png")])
+        now[0] = 9.9
+        before = await found(store, names)
+        now[0] = 10.0
+        return before, await found(store, names), len(await put_all(store, [(b"y", "png")] * 4))
+
+    assert asyncio.run(scenario()) == ([True], [False], 4)

@@ -206,7 +206,7 @@ class Topology:
     redis_url: str
 
 
-def _replicas(tmp: Path, redis_url: str) -> tuple[list[Replica], list[Replica]]:
+def _replicas(tmp: Path, redis_url: str, gateway: str) -> tuple[list[Replica], list[Replica]]:
     base = {**os.environ, "PYTHONPATH": str(REPO), "ARDIT_HANDOFF_TOKEN": HANDOFF_TOKEN}
     dits = [
         Replica(f"dit{i}", "dit_service", port, {**base, "ARDIT_DIT_PORT": str(port)}, tmp / f"dit{i}.log")
@@ -217,6 +217,8 @@ def _replicas(tmp: Path, redis_url: str) -> tuple[list[Replica], list[Replica]]:
         "ARDIT_AR_DIT_URL": ",".join(dit.url for dit in dits),
         "ARDIT_AR_API_KEYS": json.dumps(KEYS),
         "ARDIT_AR_IMAGE_STORE_URL": redis_url,
+        # Clients know the fleet by the gateway's address: url images' links name it.
+        "ARDIT_AR_PUBLIC_BASE_URL": gateway,
     }
     ars = [
         Replica(f"ar{i}", "ar_service", port, {**ar_env, "ARDIT_AR_PORT": str(port)}, tmp / f"ar{i}.log")
@@ -239,8 +241,8 @@ def _wait_in_rotation(gateway: str) -> None:
 def topology(tmp_path_factory) -> Iterator[Topology]:
     tmp = tmp_path_factory.mktemp("gateway")
     with redis_server(maxmemory="256mb") as redis_url:
-        ars, dits = _replicas(tmp, redis_url)
         gateway_port = free_port()
+        ars, dits = _replicas(tmp, redis_url, f"http://127.0.0.1:{gateway_port}")
         env = {
             **os.environ,
             "ARDIT_GATEWAY_BIND": f"127.0.0.1:{gateway_port}",

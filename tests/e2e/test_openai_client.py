@@ -174,6 +174,17 @@ def test_url_response_format_serves_the_image_to_whoever_holds_the_url(client, s
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
 
 
+def test_a_links_host_is_this_servers_whatever_host_the_request_names(client, stack):
+    answer = httpx.post(
+        f"{stack.api_base}/images/generations",
+        headers={"authorization": f"Bearer {API_KEY}", "host": "evil.example"},
+        json={"prompt": "a cactus", "size": "64x64", "response_format": "url", "seed": 2, **FAST},
+        timeout=300,
+    )
+    assert answer.status_code == 200
+    assert answer.json()["data"][0]["url"].startswith(f"{stack.ar.url}/v1/images/img_")
+
+
 def test_the_newest_generation_fields_are_accepted(client):
     result = client.images.generate(
         prompt="a kite",

@@ -63,3 +63,23 @@ def test_a_flooding_key_cannot_make_another_keys_request_wait_past_its_share(sta
 
 def placed(stack) -> float:
     return sample(stack.ar.url, "ardit_ar_requests_queued") + sample(stack.ar.url, "ardit_ar_requests_in_flight")
+
+
+def test_a_key_that_fills_the_url_store_evicts_its_own_images_not_another_keys(stack):
+    url = f"{stack.api_base}/images/generations"
+
+    def links(key: str, n: int, seed: int) -> list[str]:
+        body = {"prompt": "a tiny boat", "size": "64x64", "n": n, "seed": seed, "num_inference_steps": 2}
+        answer = httpx.post(
+            url, json={**body, "response_format": "url"}, headers={"authorization": f"Bearer {key}"}, timeout=HANG_GUARD
+        )
+        assert answer.status_code == 200, answer.text
+        return [image["url"] for image in answer.json()["data"]]
+
+    [kept] = links(OTHER_API_KEY, 1, 0)
+    flood: list[str] = []
+    while len(flood) <= stack.settings.image_store_size:  # one key alone puts more than the whole store holds
+        flood += links(API_KEY, 10, len(flood))
+    assert httpx.get(kept).status_code == 200
+    assert httpx.get(flood[0]).status_code == 404  # the flooding key's own oldest went
+    assert httpx.get(flood[-1]).status_code == 200

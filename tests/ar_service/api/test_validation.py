@@ -329,3 +329,21 @@ def test_an_edit_at_a_size_the_model_does_not_list_is_refused_before_its_image_i
     with pytest.raises(ApiError) as info:
         asyncio.run(validator.edit(form, "req_1", 0.0, SIZED))
     assert (info.value.status, info.value.param, info.value.code) == (400, "size", "invalid_size")
+
+
+def test_url_images_need_an_address_to_link_where_the_service_listens_on_every_address(validator):
+    everywhere = RequestValidator(
+        ArSettings(max_new_tokens_limit=16, host="0.0.0.0"), validator.prompts, EditMemory(1 << 20)
+    )
+    request = ImageGenerationRequest.model_validate({"prompt": "a red circle", "response_format": "url"})
+    with pytest.raises(ApiError) as info:
+        everywhere.generation(request, "req_1", 0.0, DIT)
+    assert (info.value.status, info.value.param) == (400, "response_format")
+    assert "ARDIT_AR_PUBLIC_BASE_URL" in info.value.message
+    assert everywhere.generation(request.model_copy(update={"response_format": "b64_json"}), "req_1", 0.0, DIT)
+
+
+def test_url_images_belong_to_the_key_that_asked(validator):
+    request = ImageGenerationRequest.model_validate({"prompt": "a red circle", "response_format": "url"})
+    assert validator.generation(request, "req_1", 0.0, DIT, "tenant-a").response.owner == "tenant-a"
+    assert validator.generation(request, "req_1", 0.0, DIT).response.owner == ""
