@@ -17,7 +17,7 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp
 
 from ar_service.admission import RequestAdmission
-from ar_service.api.admin import build_admin_router
+from ar_service.api.admin import admin_auth, build_admin_router
 from ar_service.api.admission_door import AdmissionDoor
 from ar_service.api.router import EDITS, IMAGE_ROUTES, RENDER, build_router
 from ar_service.api.serving import ImageServing
@@ -74,6 +74,7 @@ def create_ar_app(settings: ArSettings) -> FastAPI:
     )
     drain = Drain(settings.drain_seconds)
     keys = BearerAuth(settings.api_keys, what="API key", missing_code="missing_api_key", invalid_code="invalid_api_key")
+    admin = admin_auth(settings.admin_token.get_secret_value() if settings.admin_token else None)
     generator = ImageGenerator(settings, engine, prompts, dits, metrics, NegativeRows(settings.negative_rows_bytes))
     validator = RequestValidator(settings, prompts, EditMemory(settings.max_edit_memory_bytes))
     serving = ImageServing(settings, readiness, validator, admission, generator, store, metrics, drain)
@@ -104,7 +105,7 @@ def create_ar_app(settings: ArSettings) -> FastAPI:
         app_metrics=metrics.app,
         # A url image's name is its credential: its fetches get no span (nor an access-log name, see __main__).
         untraced_paths=("/v1/images/" + IMAGE_NAME,),
-        gate=lambda inner: _gate(inner, settings, metrics, keys),
+        gate=lambda inner: _gate(inner, settings, metrics, keys, admin),
         door=lambda inner: _door(inner, settings, metrics, keys, admission, readiness, drain),
         slow_readers=SlowReaders(
             Families(metrics.app.registry, "ar"),
@@ -121,8 +122,7 @@ def create_ar_app(settings: ArSettings) -> FastAPI:
     )
     app.state.runtime = ArRuntime(settings, engine, prompts, dits, readiness, admission)
     app.include_router(build_router(serving, settings.sse_keepalive_seconds))
-    admin_token = settings.admin_token.get_secret_value() if settings.admin_token else None
-    app.include_router(build_admin_router(admin_token, engine))
+    app.include_router(build_admin_router(admin, engine))
     return app
 
 
@@ -149,15 +149,19 @@ def _door(
     )
 
 
-def _gate(inner: ASGIApp, settings: ArSettings, metrics: ArMetrics, keys: BearerAuth) -> ASGIApp:
-    """The public port's gate: API keys, then each body's size and arrival deadline. The internal
-    port, when there is one, takes the render call and the probes with no key."""
+def _gate(inner: ASGIApp, settings: ArSettings, metrics: ArMetrics, keys: BearerAuth, admin: BearerAuth) -> ASGIApp:
+    """The public port's gate: API keys, then each body's size and arrival deadline. With keys on,
+    ``/metrics`` there is the operator's (the admin token): at low traffic its histograms tell one
+    request's prompt tokens and timings, which one tenant must not read of another. The internal
+    port, when there is one, takes the render call and the probes, metrics included, with no key."""
+    operators = {"/metrics": admin} if keys.enabled else {}
     public = RequestGate(
         inner,
         auth=keys,
         max_body_bytes=settings.max_request_body_bytes,
         body_timeout=settings.request_body_timeout_seconds,
-        open_paths=(*PROBE_PATHS, "/openapi.json", "/docs", "/redoc"),
+        open_paths=(*(p for p in PROBE_PATHS if p not in operators), "/openapi.json", "/docs", "/redoc"),
+        guarded_paths=operators,
         own_auth_prefixes=("/admin/",),
         on_refusal=metrics.app.count_error,
         # A response_format=url link is a capability: its unguessable id is the credential.

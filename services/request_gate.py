@@ -2,7 +2,8 @@
 how long it takes to arrive.
 
 Pure ASGI, in front of the app: a request without a valid key is answered
-401 before one byte of its body is read (a valid key's tenant goes on ``request.state.tenant``); a
+401 before one byte of its body is read (a valid key's tenant goes on ``request.state.tenant``), and
+a path another token guards (``guarded_paths``: the AR's ``/metrics`` with keys on) without that one; a
 body over its cap — ``max_body_bytes``, or a path's own in ``path_body_bytes`` (image uploads) — is
 a 413 (from ``Content-Length`` at once, or as soon as the count passes the cap), and a body that
 does not arrive within ``body_timeout`` seconds (a slow or lying client) is a 408, which closes the
@@ -36,10 +37,12 @@ class RequestGate:
         on_refusal: ErrorObserver,
         open_get_prefixes: Iterable[str] = (),
         path_body_bytes: Mapping[str, int] | None = None,
+        guarded_paths: Mapping[str, BearerAuth] | None = None,
     ) -> None:
         """``open_paths`` need no key (probes, metrics), nor do GETs under ``open_get_prefixes``
-        (URLs that are capabilities); ``own_auth_prefixes`` check their own token; ``on_refusal``
-        sees every refusal (the service's error counter)."""
+        (URLs that are capabilities); ``own_auth_prefixes`` check their own token; ``guarded_paths``
+        take their own token instead of a key; ``on_refusal`` sees every refusal (the service's error
+        counter)."""
         self.app = app
         self._auth = auth
         self._max_body = max_body_bytes
@@ -48,6 +51,7 @@ class RequestGate:
         self._open = frozenset(open_paths)
         self._open_get = tuple(open_get_prefixes)
         self._own_auth = tuple(own_auth_prefixes)
+        self._guarded = dict(guarded_paths or {})
         self._on_refusal = on_refusal
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -56,7 +60,10 @@ class RequestGate:
             return
         try:
             path = scope["path"]
-            if self._auth.enabled and not self._is_open(scope["method"], path):
+            guard = self._guarded.get(path)
+            if guard is not None:
+                guard.check(header(scope, b"authorization"))
+            elif self._auth.enabled and not self._is_open(scope["method"], path):
                 # Starlette's request.state is this dict: the route learns whose key it was.
                 scope.setdefault("state", {})["tenant"] = self._auth.check(header(scope, b"authorization"))
             body = await self._read_body(scope, receive, self._path_body.get(path, self._max_body))

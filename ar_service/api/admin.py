@@ -12,14 +12,18 @@ from services.auth import BearerAuth
 from services.errors import ApiError
 
 
-def build_admin_router(token: str | None, engine: HiddenStateEngine) -> APIRouter:
-    router = APIRouter()
-    admin = BearerAuth(
+def admin_auth(token: str | None) -> BearerAuth:
+    """The operator's bearer: ``/admin/*``, and ``/metrics`` on the public port when API keys are on."""
+    return BearerAuth(
         [token] if token else [],
         what="admin token",
         missing_code="invalid_admin_token",
         invalid_code="invalid_admin_token",
     )
+
+
+def build_admin_router(admin: BearerAuth, engine: HiddenStateEngine) -> APIRouter:
+    router = APIRouter()
 
     @router.post("/admin/reset_prefix_cache", include_in_schema=False)
     async def reset_prefix_cache(request: Request) -> dict[str, bool]:

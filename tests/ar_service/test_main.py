@@ -144,7 +144,11 @@ def test_the_internal_port_serves_the_render_call_and_probes_without_a_key_and_n
         assert rendered.status_code == 200 and rendered.json()[0]["token_ids"]
         for probe in ("/health", "/healthz", "/metrics"):
             assert httpx.get(f"{inside}{probe}").status_code == 200
+        for probe in ("/health", "/healthz"):
             assert httpx.get(f"{public}{probe}").status_code == 200  # open on the public port too
+        # With keys on, the public /metrics is the operator's; this AR has no admin token, so it is the internal port's.
+        tenant = httpx.get(f"{public}/metrics", headers={"authorization": "Bearer sk-main"})
+        assert tenant.status_code == 401 and tenant.json()["error"]["code"] == "invalid_admin_token"
         generation = httpx.post(f"{inside}/v1/images/generations", json=render)
         assert generation.status_code == 404 and generation.json()["error"]["code"] == "not_found"
         assert httpx.get(f"{inside}/v1/models").status_code == 404

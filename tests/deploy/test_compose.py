@@ -249,13 +249,16 @@ def test_service_images_build_from_dockerfiles_that_run_unprivileged(variant):
         assert variant["services"][name]["command"] == ["python", "-m", f"{name}_service"]
 
 
-def test_prometheus_scrapes_both_services_by_compose_name(gpu):
+def test_prometheus_scrapes_the_dit_and_the_ars_unpublished_internal_port_by_compose_name(gpu):
     prometheus = gpu["services"]["prometheus"]
     (config_mount,) = [v for v in prometheus["volumes"] if v["target"] == "/etc/prometheus/prometheus.yml"]
     assert config_mount["read_only"] is True
     config = yaml.safe_load(Path(config_mount["source"]).read_text())
     jobs = {job["job_name"]: job["static_configs"][0]["targets"] for job in config["scrape_configs"]}
-    assert jobs == {"ardit-ar": [f"ar:{PORTS['ar']}"], "ardit-dit": [f"dit:{PORTS['dit']}"]}
+    internal = gpu["services"]["ar"]["environment"]["ARDIT_AR_INTERNAL_PORT"]
+    assert jobs == {"ardit-ar": [f"ar:{internal}"], "ardit-dit": [f"dit:{PORTS['dit']}"]}
+    assert internal in gpu["services"]["ar"]["expose"]
+    assert [p["target"] for p in gpu["services"]["ar"]["ports"]] == [PORTS["ar"]]  # never published
     assert config["global"]["scrape_interval"] == "5s"
 
 

@@ -20,7 +20,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.conftest import API_KEY, Stack
+from tests.conftest import ADMIN_TOKEN, API_KEY, Stack
 from tests.deploy.dashboard import (
     CHARTED_FAMILIES,
     CUDA_ONLY_FAMILIES,
@@ -50,14 +50,17 @@ IMAGE_REQUESTS = (
 
 
 def scrape_config(stack: Stack) -> dict:
-    """The shipped config, with the compose targets swapped for the loopback services, the rules
-    read from the repository, and a 1 s scrape so the test waits seconds, not minutes."""
+    """The shipped config, with the compose targets swapped for the loopback services (the stack's AR has
+    API keys and no internal port, so its public /metrics takes the admin token), the rules read from the
+    repository, and a 1 s scrape so the test waits seconds, not minutes."""
     config = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
     config["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
     config["rule_files"] = [str(path) for path in RULE_FILES]
     addresses = {"ardit-ar": urlsplit(stack.ar.url).netloc, "ardit-dit": urlsplit(stack.dit.url).netloc}
     for job in config["scrape_configs"]:
         job["static_configs"] = [{"targets": [addresses[job["job_name"]]]}]
+        if job["job_name"] == "ardit-ar":
+            job["authorization"] = {"credentials": ADMIN_TOKEN}
     return config
 
 

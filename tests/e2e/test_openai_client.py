@@ -14,7 +14,7 @@ import pytest
 from openai import OpenAI
 from PIL import Image
 
-from tests.conftest import API_KEY, OTHER_API_KEY
+from tests.conftest import ADMIN_TOKEN, API_KEY, OTHER_API_KEY
 from tests.e2e.metrics_text import sample
 
 pytestmark = pytest.mark.slow
@@ -183,6 +183,18 @@ def test_a_links_host_is_this_servers_whatever_host_the_request_names(client, st
     )
     assert answer.status_code == 200
     assert answer.json()["data"][0]["url"].startswith(f"{stack.ar.url}/v1/images/img_")
+
+
+def test_with_keys_on_metrics_are_the_operators_not_a_tenants(stack):
+    def metrics(token: str | None) -> httpx.Response:
+        return httpx.get(f"{stack.ar.url}/metrics", headers={"authorization": f"Bearer {token}"} if token else {})
+
+    for tenant in (None, API_KEY, OTHER_API_KEY):
+        refused = metrics(tenant)
+        assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_admin_token"
+    operator = metrics(ADMIN_TOKEN)
+    assert operator.status_code == 200 and "ardit_ar_cache_creation_tokens" in operator.text
+    assert httpx.get(f"{stack.ar.url}/healthz").status_code == 200  # the probes stay open
 
 
 def test_the_newest_generation_fields_are_accepted(client):

@@ -19,6 +19,7 @@ from services.request_gate import RequestGate
 from tests.support.live_server import LiveServer
 
 KEY = "sk-gate"
+OPERATOR = "operator-token"
 parsed: list[int] = []
 
 
@@ -46,8 +47,20 @@ def build() -> FastAPI:
             on_refusal=metrics.count_error,
             open_get_prefixes=("/files/",),
             path_body_bytes={"/upload": 5000},
+            guarded_paths={
+                "/operator": BearerAuth(
+                    [OPERATOR],
+                    what="admin token",
+                    missing_code="invalid_admin_token",
+                    invalid_code="invalid_admin_token",
+                )
+            },
         ),
     )
+
+    @app.get("/operator")
+    async def operator() -> dict[str, bool]:
+        return {"operator": True}
 
     @app.post("/upload")
     async def upload(request: Request) -> dict[str, int]:
@@ -105,6 +118,15 @@ def test_a_non_ascii_key_is_a_401_not_a_crash(server):
 def test_probes_and_own_auth_routes_skip_the_key(server):
     assert httpx.get(f"{server.url}/healthz").status_code == 200
     assert httpx.post(f"{server.url}/admin/thing").json() == {"admin": True}
+
+
+def test_a_guarded_path_takes_its_own_token_and_no_api_key(server):
+    def get(token: str | None) -> httpx.Response:
+        return httpx.get(f"{server.url}/operator", headers={"authorization": f"Bearer {token}"} if token else {})
+
+    assert get(OPERATOR).json() == {"operator": True}
+    for refused in (get(KEY), get(None)):
+        assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_admin_token"
 
 
 def test_an_oversized_body_is_a_413_declared_or_not(server):
