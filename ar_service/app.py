@@ -118,6 +118,7 @@ def create_ar_app(settings: ArSettings) -> FastAPI:
             head_timeout=settings.request_head_timeout_seconds,
             max_head_bytes=settings.max_request_head_bytes,
             max_connections=settings.max_connections,
+            body_timeout=settings.request_body_timeout_seconds,
         ),
     )
     app.state.runtime = ArRuntime(settings, engine, prompts, dits, readiness, admission)

@@ -180,7 +180,9 @@ class ArSettings(BaseSettings):
         "to the end of its request); an edit past it is refused at once (429), one that alone needs more with 400.",
     )
     request_body_timeout_seconds: Seconds = Field(
-        10.0, description="A request body must arrive within this, or the answer is 408."
+        10.0,
+        description="A request body must arrive within this, or the answer is 408; one nobody reads (after an early "
+        "401 or 429) must end within it too, or the connection closes.",
     )
     max_queued_requests: NonNegative = Field(
         256, description="Requests waiting for room at the DiT (in flight: what the DiT announces); beyond: 429."

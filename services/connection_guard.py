@@ -15,6 +15,10 @@ where each request head begins and ends:
   begun on a fresh connection);
 - a head over ``max_head_bytes`` is answered 431 and the connection closed; the bytes past the cap
   never reach uvicorn;
+- with ``body_timeout`` set, a request's body must end within it (and ``BODY_GRACE``) of its head: the
+  app's ``RequestGate`` answers a body it reads that late with 408, but a body nobody reads — after an
+  early answer, a 401 or 429 — uvicorn drops as it comes, and a client that sends it a byte at a time
+  would hold the connection for ever; it is closed, without an answer (one was given);
 - past ``max_connections`` open connections, a new one closes the oldest that has not sent a complete
   head (the ones that cost a slow or silent client nothing), so that real clients and probes always get
   in; with none such, the new one is closed.
@@ -29,6 +33,7 @@ import asyncio
 import json
 import logging
 import resource
+from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 import httptools
@@ -40,10 +45,13 @@ log = logging.getLogger("ardit.connections")
 
 P = TypeVar("P", bound=asyncio.Protocol)
 
-CLOSE_REASONS = ("head_timeout", "head_too_large", "evicted", "over_capacity")
+CLOSE_REASONS = ("head_timeout", "head_too_large", "body_timeout", "evicted", "over_capacity")
 # Files a service keeps for itself beyond its connections: model files, pipes to the engine, sockets to peers.
 RESERVED_FILES = 1024
 FEWEST_CONNECTIONS = 64
+# The gate's body deadline starts a moment after the head (the door's decision): this grace lets its 408 go out
+# before the guard closes the connection.
+BODY_GRACE = 1.0
 
 
 def default_max_connections() -> int:
@@ -63,9 +71,18 @@ def default_max_connections() -> int:
 
 class ConnectionGuard:
     def __init__(
-        self, families: Families, *, head_timeout: float, max_head_bytes: int, max_connections: int | None
+        self,
+        families: Families,
+        *,
+        head_timeout: float,
+        max_head_bytes: int,
+        max_connections: int | None,
+        body_timeout: float | None = None,
     ) -> None:
+        """``body_timeout``: None where a body may last as long as its sender's work (the DiT's handoff streams
+        rows while the AR decodes)."""
         self.head_timeout = head_timeout
+        self.body_timeout = body_timeout
         self.max_head_bytes = max_head_bytes
         self.max_connections = max_connections if max_connections is not None else default_max_connections()
         self._open: set[asyncio.BaseTransport] = set()
@@ -73,9 +90,10 @@ class ConnectionGuard:
         self._headless: dict[asyncio.BaseTransport, None] = {}
         self.closed = families.counter(
             "connections_closed",
-            "Connections the service closed before a request, by reason (head_timeout: no complete request head "
-            "in time; head_too_large: over the head cap, answered 431; evicted: headless, closed to make room "
-            "for a new one at the connection cap; over_capacity: new, at the cap with none headless).",
+            "Connections the service closed for its client's pace or at the cap, by reason (head_timeout: no "
+            "complete request head in time; head_too_large: over the head cap, answered 431; body_timeout: a body "
+            "still arriving past its deadline, after its answer; evicted: headless, closed to make room for a new "
+            "one at the connection cap; over_capacity: new, at the cap with none headless).",
             ("reason",),
             start=CLOSE_REASONS,
         )
@@ -162,7 +180,7 @@ class HeadWatch:
         self._body_bytes = 0  # of the chunk being parsed
         self._head_begun = False  # in the chunk being parsed
         self._timer: asyncio.TimerHandle | None = None
-        self._arm()
+        self._arm(guard.head_timeout, self._late)
 
     def received(self, data: bytes) -> bool:
         """Parse ``data``; False when the connection was refused and uvicorn must not see it."""
@@ -208,19 +226,25 @@ class HeadWatch:
             self._in_head = True
             self._head_bytes = 0
             self._guard.head_begun(self._transport)
-            self._arm()
+            self._arm(self._guard.head_timeout, self._late)
 
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._disarm()
         self._guard.head_complete(self._transport)
+        if self._guard.body_timeout is not None:
+            self._arm(self._guard.body_timeout + BODY_GRACE, self._body_late)
 
     def on_body(self, body: bytes) -> None:
         self._body_bytes += len(body)
 
-    def _arm(self) -> None:
+    def on_message_complete(self) -> None:
+        if not self._in_head:
+            self._disarm()
+
+    def _arm(self, seconds: float, late: Callable[[], None]) -> None:
         self._disarm()
-        self._timer = asyncio.get_running_loop().call_later(self._guard.head_timeout, self._late)
+        self._timer = asyncio.get_running_loop().call_later(seconds, late)
 
     def _disarm(self) -> None:
         if self._timer is not None:
@@ -232,13 +256,22 @@ class HeadWatch:
         if not cast(asyncio.ReadTransport, self._transport).is_reading():
             # uvicorn stopped reading (a pipelined request waits for the one before it): the head's lateness is
             # the service's, not the client's.
-            self._arm()
+            self._arm(self._guard.head_timeout, self._late)
             return
         begun = self._head_bytes > 0
         self.stop()
         message = f"the request head did not arrive within {self._guard.head_timeout:g} s"
         answer = self._answer(408, "Request Timeout", message, "request_timeout") if begun else None
         self._guard.refuse(self._transport, "head_timeout", answer)
+
+    def _body_late(self) -> None:
+        self._timer = None
+        if not cast(asyncio.ReadTransport, self._transport).is_reading():
+            # uvicorn paused reading (the app has not taken the body yet): the wait is the service's.
+            self._arm(BODY_GRACE, self._body_late)
+            return
+        self.stop()
+        self._guard.refuse(self._transport, "body_timeout", None)
 
     def _answer(self, status: int, reason: str, message: str, code: str) -> bytes | None:
         """The answer written before closing: OpenAI's error body, on the connection's first request only."""

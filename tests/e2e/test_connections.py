@@ -1,6 +1,7 @@
 """Connections at the defaults: thousands of silent connections and of request heads sent a byte at a time
-are all closed by the head deadline while a real client is served; a head one byte past the cap is a 431
-on both services, one at the cap is served."""
+are all closed by the head deadline while a real client is served; so are hundreds of bodies sent a byte at a time
+after their request was answered 401 without them; a head one byte past the cap is a 431 on both services, one at
+the cap is served."""
 
 from __future__ import annotations
 
@@ -23,12 +24,15 @@ TRICKLE_SECONDS = 1.0  # a slow head's pace: one byte a second, for as long as t
 HANG_GUARD = 180.0
 
 
-async def held(port: int, slow: bool) -> bytes:
-    """A connection that never completes a request head: what the server sent before closing it."""
+async def held(
+    port: int, slow: bool, start: bytes = b"POST /v1/images/generations HTTP/1.1\r\nhost: ardit\r\nx-slow: "
+) -> bytes:
+    """A connection that sends ``start`` and then a byte at a time (or, not ``slow``, nothing) and never completes
+    its request: what the server sent before closing it."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
         if slow:
-            writer.write(b"POST /v1/images/generations HTTP/1.1\r\nhost: ardit\r\nx-slow: ")
+            writer.write(start)
         received = b""
         while True:
             try:
@@ -88,6 +92,27 @@ def test_thousands_of_silent_and_slow_connections_are_closed_while_a_real_client
     closed = sample(stack.ar.url, "ardit_ar_connections_closed_total", reason="head_timeout") - closed_before
     assert closed >= 2 * each
     print(f"{each} silent and {each} slow connections: all closed by the head deadline; healthz and an image 200")
+
+
+UNREAD_BODIES = 500
+UNREAD_BODY_HEAD = b"POST /v1/images/generations HTTP/1.1\r\nhost: ardit\r\ncontent-length: 1000000\r\n\r\n"
+
+
+async def trickle_unread_bodies(port: int, meanwhile: concurrent.futures.Future[tuple[int, int]]) -> list[bytes]:
+    connections = [asyncio.ensure_future(held(port, True, UNREAD_BODY_HEAD)) for _ in range(UNREAD_BODIES)]
+    await asyncio.sleep(TRICKLE_SECONDS)
+    meanwhile.set_result(await asyncio.to_thread(real_client, port))
+    return list(await asyncio.wait_for(asyncio.gather(*connections), HANG_GUARD))
+
+
+def test_bodies_sent_a_byte_at_a_time_after_their_answer_are_closed_while_a_real_client_is_served(stack):
+    closed_before = sample(stack.ar.url, "ardit_ar_connections_closed_total", reason="body_timeout")
+    meanwhile: concurrent.futures.Future[tuple[int, int]] = concurrent.futures.Future()
+    received = asyncio.run(trickle_unread_bodies(stack.ar.port, meanwhile))
+    assert meanwhile.result() == (200, 200)
+    assert all(answer.startswith(b"HTTP/1.1 401") for answer in received)  # answered at once, without the body
+    closed = sample(stack.ar.url, "ardit_ar_connections_closed_total", reason="body_timeout") - closed_before
+    assert closed == UNREAD_BODIES
 
 
 def head_of(size: int) -> bytes:

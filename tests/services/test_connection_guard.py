@@ -1,7 +1,8 @@
 """Connections that send no request are closed: a silent one and a slow head after the head timeout (a 408
 when the head had begun), a head over the cap at once with 431; at the connection cap the oldest without a
-complete head gives way to a new one. What comes after a complete head (a slow body, a long answer, the
-next request on the connection) is not the guard's to cut."""
+complete head gives way to a new one; a body still trickling in past its deadline after its answer went out
+is closed. What else comes after a complete head (a slow body within its deadline, a long answer, the next
+request on the connection) is not the guard's to cut."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from tests.support.live_server import LiveServer
 HEAD_TIMEOUT = 1.0
 MAX_HEAD = 4096
 MAX_CONNECTIONS = 8
+BODY_TIMEOUT = 3.0
 HANG_GUARD = 30.0
 
 
@@ -53,7 +55,11 @@ class Served:
 def served(request: pytest.FixtureRequest) -> Iterator[Served]:
     registry = CollectorRegistry()
     guard = ConnectionGuard(
-        Families(registry, "t"), head_timeout=HEAD_TIMEOUT, max_head_bytes=MAX_HEAD, max_connections=MAX_CONNECTIONS
+        Families(registry, "t"),
+        head_timeout=HEAD_TIMEOUT,
+        max_head_bytes=MAX_HEAD,
+        max_connections=MAX_CONNECTIONS,
+        body_timeout=BODY_TIMEOUT,
     )
     app = create_app(
         "test",
@@ -68,6 +74,10 @@ def served(request: pytest.FixtureRequest) -> Iterator[Served]:
     @app.post("/echo")
     async def echo(request: Request) -> dict[str, int]:
         return {"bytes": len(await request.body())}
+
+    @app.post("/early")
+    async def early() -> dict[str, str]:  # answers without reading the body, as a 401 or 429 does
+        return {"status": "early"}
 
     @app.get("/slow")
     async def slow(seconds: float) -> dict[str, str]:
@@ -159,6 +169,25 @@ def test_a_slow_body_and_a_long_answer_after_a_complete_head_are_not_cut(served)
         client.sendall(head(f"/slow?seconds={2 * HEAD_TIMEOUT}"))
         assert answer(client) == (200, b'{"status":"done"}')
     assert served.closed("head_timeout") == 0
+
+
+def test_a_body_trickling_in_after_an_early_answer_is_closed_at_its_deadline(served):
+    with served.connect() as client:
+        client.sendall(head("/early", method="POST", extra="content-length: 1000\r\n"))
+        assert answer(client) == (200, b'{"status":"early"}')
+        client.settimeout(0.5)
+        closed = False
+        for _ in range(int(HANG_GUARD / 0.5)):  # a byte every half second, until the server closes
+            try:
+                client.sendall(b"x")
+                closed = client.recv(1) == b""
+            except TimeoutError:
+                continue
+            except ConnectionError:
+                closed = True
+            if closed:
+                break
+    assert closed and served.closed("body_timeout") == 1
 
 
 def test_a_slow_second_head_on_a_kept_alive_connection_is_closed_without_an_answer(served):
