@@ -179,8 +179,8 @@ class MemoryImageStore:
 # One Lua script, so every replica's put sees and keeps the bounds atomically: drop what expired,
 # then, while the new image would pass the count or the byte bound, the oldest image of an owner
 # holding the most of that bound (walking the time index, at most the store's count, the first image
-# whose owner holds that much), then add it. Every key carries the ``{ardit}`` hash tag, so on a Redis Cluster they
-# all live in one slot.
+# whose owner holds that much), then add it. Every key carries the ``{ardit}`` hash tag, so on a
+# Redis Cluster they all live in one slot.
 _PUT = """
 local index, sizes, owners, total, last, owner_count, owner_bytes = unpack(KEYS)
 local id, data, fmt, prefix, owner = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[8]

@@ -93,11 +93,12 @@ def test_load_spreads_failover_is_fast_and_a_returning_replica_gets_traffic_agai
     assert first.images() > 0 and second.images() > 0  # both replicas rendered
 
     # Kill one while it holds work: what it held fails fast with 503, the rest is served.
-    def post_timed(seed: int) -> tuple[int, float]:
-        """The status and when it came: timed where it came, not when the test gets round to it (a 503 read
-        after a render on the survivor would be timed as that render)."""
-        status = post(stack, seed, size="512x512", num_inference_steps=60).status_code
-        return status, time.monotonic()
+    def post_timed(seed: int) -> tuple[int, str | None, float]:
+        """The status, error code and when it came: timed where it came, not when the test gets round to it (a 503
+        read after a render on the survivor would be timed as that render)."""
+        answer = post(stack, seed, size="512x512", num_inference_steps=60)
+        code = None if answer.status_code == 200 else answer.json()["error"]["code"]
+        return answer.status_code, code, time.monotonic()
 
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         held = [pool.submit(post_timed, 100 + i) for i in range(4)]
@@ -105,9 +106,14 @@ def test_load_spreads_failover_is_fast_and_a_returning_replica_gets_traffic_agai
             time.sleep(0.05)
         killed_at = time.monotonic()
         first.kill()
-        outcomes = [(status, answered_at - killed_at) for status, answered_at in (f.result(120) for f in held)]
-    failed = [seconds for status, seconds in outcomes if status == 503]
-    assert failed and all(status in (200, 503) for status, _ in outcomes)
+        outcomes = [(status, code, at - killed_at) for status, code, at in (f.result(120) for f in held)]
+    failed = [seconds for status, _, seconds in outcomes if status == 503]
+    # A 429 is admission refusing at arrival, before any work: four heavy renders from one key can pass its share
+    # of the line at the pace measured so far (the stack has keys on; a busier machine measures a slower pace).
+    assert failed and all(
+        (status, code) in ((200, None), (503, "dit_unavailable"), (429, "rate_limit_exceeded"))
+        for status, code, _ in outcomes
+    ), outcomes
     assert max(failed) < 10  # the ones on the dead replica, failed fast
 
     after = [post(stack, 200 + i).status_code for i in range(4)]
