@@ -58,6 +58,24 @@ def _answers_ready(url: str) -> bool:
         return False
 
 
+class BackgroundLoad:
+    """``cores`` processes that each keep one core busy (a Python loop that never sleeps), for a run on a
+    machine something else is using, the same for every side."""
+
+    def __init__(self, cores: int) -> None:
+        self.cores = cores
+        self._spinners: list[subprocess.Popen[bytes]] = []
+
+    def start(self) -> None:
+        self._spinners = [child([sys.executable, "-c", "while True: pass"]) for _ in range(self.cores)]
+
+    def stop(self) -> None:
+        for spinner in self._spinners:
+            spinner.kill()
+            spinner.wait()
+        self._spinners = []
+
+
 def free_port() -> int:
     """A free loopback port, for a server a benchmark starts."""
     with socket.socket() as s:

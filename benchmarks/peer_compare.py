@@ -23,13 +23,16 @@ DiT denoise/VAE/encode) and serving overhead, per stage.
 
 ``--ardit-env KEY=VALUE ...`` adds settings to ardit's environment; ``--versus-ardit-env KEY=VALUE ...``
 puts ardit with those settings in the peer's place (reported as "peer"): a setting against the
-defaults, side by side on the same traffic.
+defaults, side by side on the same traffic. ``--background-load CORES`` keeps that many cores busy
+(a spinning process each, ``paired.BackgroundLoad``) while the cells run, for both sides alike: a
+machine something else is using.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import json
 import os
 import signal
@@ -101,8 +104,11 @@ def prompt(traffic: str, index: int) -> str:
 
 
 class Server:
-    def __init__(self, name: str, url: str, process: subprocess.Popen) -> None:
-        self.name, self.url, self.process = name, url, process
+    def __init__(
+        self, name: str, url: str, process: subprocess.Popen, ready_path: str = "/readyz", group: bool = False
+    ) -> None:
+        """``group``: the process leads a process group of its own, stopped whole."""
+        self.name, self.url, self.process, self.ready_path, self.group = name, url, process, ready_path, group
         self.peak_rss = 0
         self._stop = threading.Event()
         self._sampler = threading.Thread(target=self._sample, daemon=True)
@@ -122,21 +128,30 @@ class Server:
             if self.process.poll() is not None:
                 raise RuntimeError(f"{self.name} exited with {self.process.returncode}")
             try:
-                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
+                if httpx.get(f"{self.url}{self.ready_path}", timeout=2).status_code == 200:
                     return
             except httpx.TransportError:
                 pass
             time.sleep(1)
         raise RuntimeError(f"{self.name} not ready in {seconds} s")
 
+    def cpu_seconds(self) -> float:
+        return paired.tree_cpu_seconds(psutil.Process(self.process.pid))
+
     def stop(self) -> None:
         self._stop.set()
-        self.process.send_signal(signal.SIGINT)
+        if self.group:
+            os.killpg(self.process.pid, signal.SIGINT)
+        else:
+            self.process.send_signal(signal.SIGINT)
         try:
             self.process.wait(120)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(30)
+        if self.group:  # what it started goes with it
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
 
 
 def start_ardit(settings: dict[str, str], name: str = "ardit") -> Server:
@@ -155,6 +170,44 @@ def start_ardit(settings: dict[str, str], name: str = "ardit") -> Server:
     return Server(name, f"http://127.0.0.1:{ar_port}", process)
 
 
+OMNI_VENV = paired.REPO / ".venv-vllm-omni"
+
+
+def omni_model(model: Path, dtype: str) -> Path:
+    """The folder vLLM-Omni serves at ``dtype``: the model's own in bf16; in fp32 a copy whose text encoder is saved
+    in fp32 (vLLM-Omni loads the text encoder in its saved dtype, whatever ``--dtype`` says)."""
+    if dtype == "bfloat16":
+        return model
+    copy = model.with_name(model.name + "-fp32te")
+    if not copy.exists():
+        script = Path(__file__).parent / "vllm_omni" / "fp32_text_encoder.py"
+        subprocess.run([str(OMNI_VENV / "bin" / "python"), str(script), str(model), str(copy)], check=True)
+    return copy
+
+
+def start_vllm_omni(model: Path, dtype: str) -> Server:
+    """vLLM-Omni (``benchmarks/vllm_omni/setup.sh``) serving ``model`` on its OpenAI Images API."""
+    port = paired.free_port()
+    process = paired.child(
+        [
+            str(OMNI_VENV / "bin" / "vllm-omni"),
+            "serve",
+            str(omni_model(model, dtype)),
+            "--omni",
+            "--enforce-eager",
+            "--dtype",
+            dtype,
+            "--port",
+            str(port),
+        ],
+        cwd=paired.REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    return Server("peer", f"http://127.0.0.1:{port}", process, ready_path="/health", group=True)
+
+
 def start_peer() -> Server:
     port = paired.free_port()
     process = paired.child(
@@ -166,11 +219,11 @@ def start_peer() -> Server:
     return Server("peer", f"http://127.0.0.1:{port}", process)
 
 
-def one(client: httpx.Client, url: str, text: str, seed: int, size: str, steps: int) -> dict:
+def one(client: httpx.Client, url: str, text: str, seed: int, args: argparse.Namespace) -> dict:
     started = time.perf_counter()
     response = client.post(
         f"{url}/v1/images/generations",
-        json={"prompt": text, "size": size, "seed": seed, "num_inference_steps": steps},
+        json={"prompt": text, "size": args.size, "seed": seed, "num_inference_steps": args.steps, **args.fields},
         timeout=900,
     )
     seconds = time.perf_counter() - started
@@ -191,11 +244,11 @@ def cell(server: Server, traffic: str, concurrency: int, requests: int, first: i
                     if not indices:
                         return
                     index = indices.pop(0)
-                result = one(client, server.url, prompt(traffic, index), index, args.size, args.steps)
+                result = one(client, server.url, prompt(traffic, index), index, args)
                 with lock:
                     results.append(result)
 
-    started = time.perf_counter()
+    started, cpu_before = time.perf_counter(), server.cpu_seconds()
     with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
         for future in [pool.submit(client_loop) for _ in range(concurrency)]:
             future.result()
@@ -203,6 +256,7 @@ def cell(server: Server, traffic: str, concurrency: int, requests: int, first: i
     latencies = sorted(r["seconds"] for r in results)
     return {
         "images_per_min": 60 * len(results) / wall,
+        "cpu_seconds_per_image": (server.cpu_seconds() - cpu_before) / len(results),
         "latency_p50_s": statistics.median(latencies),
         "latency_p99_s": latencies[min(len(latencies) - 1, round(0.99 * (len(latencies) - 1)))],
         "samples": results,
@@ -263,12 +317,45 @@ def main() -> None:
         metavar="KEY=VALUE",
         help="the other side is ardit with these added to its environment, not the peer: ardit against itself",
     )
+    parser.add_argument(
+        "--background-load",
+        type=int,
+        default=0,
+        metavar="CORES",
+        help="keep this many cores busy while the cells run (both sides alike): a machine in use",
+    )
+    parser.add_argument(
+        "--peer",
+        choices=("stand-in", "vllm-omni"),
+        default="stand-in",
+        help="the peer: benchmarks/peer_server.py (a secondary baseline), or vLLM-Omni (benchmarks/vllm_omni/setup.sh) "
+        "serving --model at --dtype, ardit serving the same folder at the same dtype, both without CFG",
+    )
+    parser.add_argument("--model", type=Path, help="with --peer vllm-omni: a Qwen-Image folder, text encoder included")
+    parser.add_argument("--dtype", choices=("bfloat16", "float32"), help="with --peer vllm-omni: both sides' dtype")
     args = parser.parse_args()
+    omni = args.peer == "vllm-omni"
+    if omni and (args.model is None or args.dtype is None or args.versus_ardit_env is not None):
+        parser.error("--peer vllm-omni takes --model and --dtype, and no --versus-ardit-env")
+    if omni:
+        model = str(args.model.expanduser())
+        args.ardit_env = [
+            *args.ardit_env,
+            f"ARDIT_AR_MODEL_DIR={model}",
+            f"ARDIT_DIT_MODEL_DIR={model}",
+            f"ARDIT_AR_DTYPE={args.dtype}",
+            f"ARDIT_DIT_DTYPE={args.dtype}",
+        ]
+    # The same work on both sides: vLLM-Omni runs Qwen-Image's CFG only for a negative prompt, so ardit is asked
+    # for none either (its card's default is CFG 4); the stand-in renders as it does (see its page).
+    args.fields = {"guidance_scale": 1.0} if omni else {}
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     report: dict = {
         "command": "python benchmarks/peer_compare.py "
         + f"--requests {args.requests} --repeats {args.repeats} --size {args.size} --steps {args.steps} "
         + f"--concurrency {args.concurrency}"
+        + (f" --peer vllm-omni --model {args.model} --dtype {args.dtype}" if omni else "")
+        + (f" --background-load {args.background_load}" if args.background_load else "")
         + "".join(f" --{flag} {' '.join(values)}" for flag, values in _env_flags(args)),
         "machine": paired.machine(),
         "load_before": paired.load(),
@@ -276,23 +363,32 @@ def main() -> None:
         + (f", and {' '.join(args.ardit_env)}" if args.ardit_env else "")
         + "; peer: "
         + (
-            "benchmarks/peer_server.py"
+            f"vLLM-Omni 0.30.0 (vllm-omni serve {args.model} --omni --enforce-eager --dtype {args.dtype})"
+            if omni
+            else "benchmarks/peer_server.py"
             if args.versus_ardit_env is None
             else f"ardit, make run's defaults and {' '.join(args.versus_ardit_env) or 'nothing else'}"
         ),
     }
     started = time.time()
-    other = start_peer() if args.versus_ardit_env is None else start_ardit(_settings(args.versus_ardit_env), "peer")
+    if omni:
+        other = start_vllm_omni(args.model.expanduser(), args.dtype)
+    elif args.versus_ardit_env is None:
+        other = start_peer()
+    else:
+        other = start_ardit(_settings(args.versus_ardit_env), "peer")
     servers = [start_ardit(_settings(args.ardit_env)), other]
     runs: dict = {}
+    background = paired.BackgroundLoad(args.background_load)
     try:
         for server in servers:
             server.wait_ready()
         for server in servers:  # warm: first request of each traffic (ardit: fills the style's cache)
             for traffic in ("shared_prefix", "unique"):
                 with httpx.Client() as client:
-                    one(client, server.url, prompt(traffic, 10_000), 0, args.size, args.steps)
+                    one(client, server.url, prompt(traffic, 10_000), 0, args)
         index = 0
+        background.start()
         for repeat in range(args.repeats):
             for traffic in ("shared_prefix", "unique"):
                 for concurrency in concurrencies:
@@ -309,6 +405,7 @@ def main() -> None:
                         )
                     index += args.requests
     finally:
+        background.stop()
         for server in servers:
             server.stop()
     report["peak_rss_mb"] = {server.name: round(server.peak_rss / 2**20) for server in servers}
@@ -320,6 +417,7 @@ def main() -> None:
                 "images_per_min": paired.spread([r["images_per_min"] for r in rs]),
                 "latency_p50_s": paired.spread([r["latency_p50_s"] for r in rs]),
                 "latency_p99_s": paired.spread([r["latency_p99_s"] for r in rs]),
+                "cpu_seconds_per_image": paired.spread([r["cpu_seconds_per_image"] for r in rs]),
                 "load_1m": [r["load_1m"] for r in rs],
             }
             for server, rs in by_server.items()
@@ -329,6 +427,9 @@ def main() -> None:
             ),
             "ardit/peer latency_p50": paired.spread(
                 [x["latency_p50_s"] / y["latency_p50_s"] for x, y in zip(a, p, strict=True)]
+            ),
+            "ardit/peer cpu_seconds_per_image": paired.spread(
+                [x["cpu_seconds_per_image"] / y["cpu_seconds_per_image"] for x, y in zip(a, p, strict=True)]
             ),
         }
     ardit_c1 = [s for name in runs if name.endswith("c=1") for r in runs[name]["ardit"] for s in r["samples"]]

@@ -1,0 +1,117 @@
+"""ardit against vLLM-Omni, the whole table in one command: ``peer_compare.py --peer vllm-omni`` for every
+size x dtype, on a quiet machine and again with cores kept busy (``--background-load``), both systems
+serving the same Qwen-Image folder at the same dtype without CFG, side by side and alternating.
+
+    benchmarks/vllm_omni/setup.sh            # vLLM-Omni's own venv, once
+    python benchmarks/vllm_omni_table.py [--repeats 3] [--requests 8] [--steps 20]
+
+Each combination's full report (cells, ratios with p10-p90, CPU-seconds per image, peak RSS, load) goes
+under ``runs`` in the output; the table printed at the end is what ``results/vllm_omni.md`` shows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import paired
+
+MODEL = Path("~/.cache/ardit/models/qwen-image-full-tiny")
+
+
+def run(args: argparse.Namespace, size: str, dtype: str, load: int, out: Path) -> dict:
+    command = [
+        sys.executable,
+        str(Path(__file__).with_name("peer_compare.py")),
+        "--peer",
+        "vllm-omni",
+        "--model",
+        str(args.model),
+        "--dtype",
+        dtype,
+        "--size",
+        size,
+        "--steps",
+        str(args.steps),
+        "--requests",
+        str(args.requests),
+        "--repeats",
+        str(args.repeats),
+        "--concurrency",
+        args.concurrency,
+        "--background-load",
+        str(load),
+        "--out",
+        str(out),
+    ]
+    subprocess.run(command, check=True, cwd=paired.REPO, stdout=subprocess.DEVNULL)
+    report: dict = json.loads(out.read_text())
+    return report
+
+
+def ratio(spread: dict) -> str:
+    return f"{spread['p50']:.2f} ({spread['p10']:.2f}-{spread['p90']:.2f})"
+
+
+def table(runs: dict) -> str:
+    lines = [
+        "| machine | dtype | size | cell | ardit img/min | vLLM-Omni img/min | ardit / vLLM-Omni img/min "
+        "| p50 latency ratio | CPU-s / image ratio |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, report in runs.items():
+        size, dtype, load = name.split()
+        machine = "quiet" if load == "load=0" else f"{load.split('=')[1]} core(s) busy"
+        for cell, result in report["cells"].items():
+            lines.append(
+                f"| {machine} | {dtype} | {size} | {cell} | {result['ardit']['images_per_min']['p50']:.0f} "
+                f"| {result['peer']['images_per_min']['p50']:.0f} | {ratio(result['ardit/peer images_per_min'])} "
+                f"| {ratio(result['ardit/peer latency_p50'])} | {ratio(result['ardit/peer cpu_seconds_per_image'])} |"
+            )
+        rss = report["peak_rss_mb"]
+        lines.append(
+            f"| {machine} | {dtype} | {size} | peak RSS | {rss['ardit']:,} MB | {rss['peer']:,} MB "
+            f"| {rss['ardit'] / rss['peer']:.2f}x | | |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, default=MODEL)
+    parser.add_argument("--sizes", default="64x64,256x256")
+    parser.add_argument("--dtypes", default="bfloat16,float32")
+    parser.add_argument("--loads", default="0,1", help="cores kept busy, one run each")
+    parser.add_argument("--concurrency", default="1,4,8")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--requests", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=paired.RESULTS / "vllm_omni.json")
+    args = parser.parse_args()
+    started = time.time()
+    runs: dict = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        for load in (int(x) for x in args.loads.split(",")):
+            for dtype in args.dtypes.split(","):
+                for size in args.sizes.split(","):
+                    name = f"{size} {dtype} load={load}"
+                    print(f"{time.strftime('%H:%M:%S')} {name}", flush=True)
+                    runs[name] = run(args, size, dtype, load, Path(scratch) / "run.json")
+    report = {
+        "command": "python benchmarks/vllm_omni_table.py " + " ".join(sys.argv[1:]),
+        "machine": paired.machine(),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
+        "wall_seconds": round(time.time() - started),
+        "runs": runs,
+    }
+    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    print(table(runs))
+
+
+if __name__ == "__main__":
+    main()
