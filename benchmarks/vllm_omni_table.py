@@ -61,8 +61,8 @@ def ratio(spread: dict) -> str:
 def table(runs: dict) -> str:
     lines = [
         "| machine | dtype | size | cell | ardit img/min | vLLM-Omni img/min | ardit / vLLM-Omni img/min "
-        "| p50 latency ratio | CPU-s / image ratio |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| p50 latency ratio | CPU-s / image ratio | 429s ardit, vLLM-Omni |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, report in runs.items():
         size, dtype, load = name.split()
@@ -71,12 +71,13 @@ def table(runs: dict) -> str:
             lines.append(
                 f"| {machine} | {dtype} | {size} | {cell} | {result['ardit']['images_per_min']['p50']:.0f} "
                 f"| {result['peer']['images_per_min']['p50']:.0f} | {ratio(result['ardit/peer images_per_min'])} "
-                f"| {ratio(result['ardit/peer latency_p50'])} | {ratio(result['ardit/peer cpu_seconds_per_image'])} |"
+                f"| {ratio(result['ardit/peer latency_p50'])} | {ratio(result['ardit/peer cpu_seconds_per_image'])} "
+                f"| {result['ardit']['refused_429']}, {result['peer']['refused_429']} |"
             )
         rss = report["peak_rss_mb"]
         lines.append(
             f"| {machine} | {dtype} | {size} | peak RSS | {rss['ardit']:,} MB | {rss['peer']:,} MB "
-            f"| {rss['ardit'] / rss['peer']:.2f}x | | |"
+            f"| {rss['ardit'] / rss['peer']:.2f}x | | | |"
         )
     return "\n".join(lines)
 
@@ -102,14 +103,14 @@ def main() -> None:
                     name = f"{size} {dtype} load={load}"
                     print(f"{time.strftime('%H:%M:%S')} {name}", flush=True)
                     runs[name] = run(args, size, dtype, load, Path(scratch) / "run.json")
-    report = {
-        "command": "python benchmarks/vllm_omni_table.py " + " ".join(sys.argv[1:]),
-        "machine": paired.machine(),
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
-        "wall_seconds": round(time.time() - started),
-        "runs": runs,
-    }
-    args.out.write_text(json.dumps(report, indent=1) + "\n")
+                    report = {  # written after every run: a table cut short keeps what it measured
+                        "command": "python benchmarks/vllm_omni_table.py " + " ".join(sys.argv[1:]),
+                        "machine": paired.machine(),
+                        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
+                        "wall_seconds": round(time.time() - started),
+                        "runs": runs,
+                    }
+                    args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(table(runs))
 
 
