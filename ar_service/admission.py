@@ -23,8 +23,10 @@ a busy machine); the split is what a window of requests all of one size cannot. 
 leaves the split to the work alone, and the pace unknown until a completion: then one round of ``capacity``
 requests may wait, the rest are refused.
 
-A request takes its place at arrival, before its body is parsed (``AdmissionDoor``), priced as the DiTs'
-default request; once validated, serving prices it as what it really asks (``AdmissionPlace.price``), which is
+A request takes its place at arrival, before its body is parsed (``AdmissionDoor``), priced as the DiTs' default
+request, or as the requests read lately asked on average where that is lighter (``unread_load``: a model's default
+can be many times what its users ask, and a burst of small requests priced at it would be refused at the door for
+work nobody asked for); once validated, serving prices it as what it really asks (``AdmissionPlace.price``), which is
 what the requests after it are priced against. Requests of a burst all arrive before the first is priced, so
 each is checked again when it is: if the requests before it, at their real prices, would hold its render past
 ``max_wait``, it is refused then (429, before any work), not admitted past the promise. With API keys, one
@@ -138,6 +140,7 @@ class RequestAdmission:
         self._line: deque[tuple[float, Load]] = deque(maxlen=_WINDOW)
         self._busy_since: float | None = None
         self._last_completion = float("-inf")
+        self._read: deque[Load] = deque(maxlen=_WINDOW)  # what the requests priced lately asked
 
     @property
     def in_flight(self) -> int:
@@ -189,6 +192,19 @@ class RequestAdmission:
             return Pace(per_request=took / len(window), per_work=0.0)
         return split.scaled(took / priced)
 
+    def unread_load(self, default: Load) -> Load:
+        """What a request whose body is not read yet is priced at: ``default`` (the DiTs' default request), or what
+        the last requests read asked on average where that is lighter, part by part. A guess too light only lets the
+        request be read: its real price is checked then (``repriced``), before any work, so nothing is admitted past
+        the promise. A guess too heavy refuses it unread, for work it may not ask for."""
+        if not self._read:
+            return default
+        return Load(
+            1,
+            min(default.megapixels, sum(load.megapixels for load in self._read) / len(self._read)),
+            min(default.work, sum(load.work for load in self._read) / len(self._read)),
+        )
+
     def estimated_wait(self) -> float | None:
         """Seconds until a request arriving now would start its render: what everything admitted and not finished
         costs, at the pace."""
@@ -200,6 +216,7 @@ class RequestAdmission:
             self._ahead += load - place.load
         place.load = load
         place.tenant = tenant
+        self._read.append(load)
         pace = self.pace
         if pace is None or not place.counted:
             return

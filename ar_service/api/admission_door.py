@@ -115,9 +115,9 @@ class AdmissionDoor:
         return self._arrivals
 
     def enter(self, scope: Scope) -> AdmissionPlace | ApiError | None:
-        """The request's place (a slot, or a place in line), priced as the DiTs' default request until serving
-        has read what it asks; the refusal when the line has no room for it; None while the pair is not known
-        to be ready."""
+        """The request's place (a slot, or a place in line), priced as the DiTs' default request or, lighter, as
+        recent requests asked (``RequestAdmission.unread_load``) until serving has read what it asks; the refusal
+        when the line has no room for it; None while the pair is not known to be ready."""
         known = self._readiness.known()
         if known is None:
             return None
@@ -134,7 +134,8 @@ class AdmissionDoor:
         self._arrivals += 1
         self._last_arrival = time.monotonic()
         try:
-            return self._admission.enter(capacity, Load.of(dits.defaults.params()), dits.pace)
+            unread = self._admission.unread_load(Load.of(dits.defaults.params()))
+            return self._admission.enter(capacity, unread, dits.pace)
         except ApiError as refused:
             return refused
 

@@ -354,6 +354,59 @@ def test_a_burst_of_heavy_requests_priced_as_the_default_at_the_door_is_refused_
     assert wait_after == 0.0
 
 
+def test_an_unread_request_is_priced_as_the_default_until_requests_are_read_then_as_they_asked_on_average(
+    clock: Clock,
+):
+    """The model's default is 40 units, its users ask 1 or 3. A burst of ten unread requests after traffic like
+    that is priced at 2 units each and all fit the wait; priced at the default, all but the first three would have
+    been refused at the door for work nobody asked for. Traffic heavier than the default leaves the default."""
+
+    async def scenario():
+        gate = admission(max_queued=100, max_wait=12.0)
+        default = units(40.0)
+        before_any = gate.unread_load(default)
+        for work in (1.0, 3.0):
+            place = gate.enter(5, gate.unread_load(default))
+            place.price(units(work))
+            ticket = await place.turn()
+            await clock.spend(0.125 * work)  # 0.125 s a unit
+            ticket.release(served=True)
+        burst = [gate.enter(5, gate.unread_load(default)) for _ in range(10)]  # 2.5 s of work at most
+        priced_as = burst[-1].load
+        for place in burst:
+            place.leave()
+        for _ in range(32):
+            heavy = gate.enter(5, gate.unread_load(default))
+            heavy.price(units(400.0))
+            heavy.leave()
+        return before_any, priced_as, gate.unread_load(default)
+
+    assert asyncio.run(scenario()) == (units(40.0), units(2.0), units(40.0))
+
+
+def test_an_unread_request_priced_too_low_is_still_refused_past_the_wait_once_read(clock: Clock):
+    async def scenario():
+        gate = admission(max_queued=100, max_wait=12.0)
+        place = gate.enter(5, units(1.0))
+        place.price(units(1.0))
+        await clock.spend(0.125)
+        (await place.turn()).release(served=True)
+        burst = [gate.enter(5, gate.unread_load(units(40.0))) for _ in range(5)]  # all fit at 1 unit each
+        outcomes = []
+        for place in burst:
+            try:
+                place.price(units(40.0))
+                outcomes.append("admitted")
+            except Overloaded:
+                place.leave()
+                outcomes.append("refused")
+        for place in burst:
+            place.leave()
+        return outcomes
+
+    assert asyncio.run(scenario()) == ["admitted"] * 3 + ["refused"] * 2
+
+
 def test_with_keys_a_flooding_key_holds_its_share_and_another_keys_request_is_admitted_behind_only_that(
     clock: Clock,
 ):

@@ -39,7 +39,7 @@ from tests.support.launched_pair import wait_for
 from tests.support.live_server import LiveServer
 from tests.support.ports import free_port
 
-# What a request taking a place at the door is priced at: the DiTs' default one.
+# What a request taking a place at the door is priced at before any request was read: the DiTs' default one.
 DEFAULT_LOAD = Load.of(DIT.defaults.params())
 
 IMAGES = "/v1/images/generations"
@@ -423,6 +423,24 @@ def test_a_place_the_app_took_is_the_apps_to_turn_into_a_slot():
 
         pair.server.call(serve_it())
         assert (in_flight_after_the_request, pair.admission.in_flight) == (1, 0)
+
+
+def test_a_place_is_priced_as_the_default_until_a_request_was_read_then_as_the_requests_read_asked():
+    read = Load(1, DEFAULT_LOAD.megapixels / 4, DEFAULT_LOAD.work / 4)  # lighter than the default
+    with served(max_queued=4, take=True) as pair:
+        assert httpx.post(f"{pair.url}{IMAGES}", json={}, headers=AUTH).status_code == 200
+        first = pair.behind.taken[0]
+        assert first is not None and first.load == DEFAULT_LOAD
+
+        async def read_and_serve(place: AdmissionPlace) -> None:
+            place.price(read)
+            (await place.turn()).release(served=True)
+
+        pair.server.call(read_and_serve(first))
+        assert httpx.post(f"{pair.url}{IMAGES}", json={}, headers=AUTH).status_code == 200
+        second = pair.behind.taken[1]
+        assert second is not None and second.load == read
+        pair.server.call(read_and_serve(second))
 
 
 def test_a_request_before_the_pair_is_ready_is_answered_503_at_the_door_and_other_routes_pass_without_a_place():
