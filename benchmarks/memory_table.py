@@ -40,21 +40,6 @@ import psutil
 MAPPINGS_LISTED = 6
 
 
-def role(process: psutil.Process) -> str:
-    command = " ".join(process.cmdline())
-    for marker, name in (
-        ("VLLM::EngineCore", "vLLM engine core (scheduler, model, KV cache)"),
-        ("-m ar_service", "AR API process (HTTP, tokenizer, AsyncLLM client)"),
-        ("-m dit_service", "DiT (pipeline, weights, renders)"),
-        ("services.launcher", "launcher"),
-        ("resource_tracker", "multiprocessing resource tracker"),
-        ("peer_server.py", "peer (LLM and DiT in one process)"),
-    ):
-        if marker in command:
-            return name
-    return command[:60]
-
-
 def largest_mappings(pid: int) -> list[dict]:
     """The process's largest resident mappings: heap, anonymous regions and files, in MB."""
     mappings: list[dict] = []
@@ -131,7 +116,7 @@ def main() -> None:
         for process in [root, *root.children(recursive=True)]:
             memory = process.memory_full_info()
             row = {
-                "process": role(process),
+                "process": paired.role(process),
                 "rss_mb": round(memory.rss / 2**20),
                 "pss_mb": round(memory.pss / 2**20),
                 "uss_mb": round(memory.uss / 2**20),

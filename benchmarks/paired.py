@@ -115,23 +115,51 @@ def spread(values: list[float]) -> dict[str, float]:
     return {"p50": statistics.median(values), "p10": cuts[0], "p90": cuts[-1], "n": len(values)}
 
 
-def tree_cpu_seconds(process: psutil.Process) -> float:
-    """User + system CPU seconds of a process and all its descendants (alive ones)."""
-    total = 0.0
+def role(process: psutil.Process) -> str:
+    """What a process of a served system's tree is for, from its command line (one name per role, so that
+    runs and systems compare process by process)."""
+    command = " ".join(process.cmdline())
+    for marker, name in (
+        ("VLLM::EngineCore", "vLLM engine core (scheduler, model, KV cache)"),
+        ("-m ar_service", "AR API process (HTTP, tokenizer, AsyncLLM client)"),
+        ("-m dit_service", "DiT (pipeline, weights, renders)"),
+        ("services.launcher", "launcher"),
+        ("resource_tracker", "multiprocessing resource tracker"),
+        ("peer_server.py", "peer (LLM and DiT in one process)"),
+        ("vllm-omni", "vLLM-Omni (API server, text encoder, DiT)"),
+    ):
+        if marker in command:
+            return name
+    return process.name()
+
+
+def tree_cpu_by_role(process: psutil.Process) -> dict[str, float]:
+    """User + system CPU seconds of a process and its descendants (alive ones), summed by ``role``."""
+    seconds: dict[str, float] = {}
     for p in [process, *process.children(recursive=True)]:
         try:
-            times = p.cpu_times()
+            times, name = p.cpu_times(), role(p)
         except psutil.Error:
             continue
-        total += times.user + times.system
-    return total
+        seconds[name] = seconds.get(name, 0.0) + times.user + times.system
+    return seconds
+
+
+def tree_rss_by_role(process: psutil.Process) -> dict[str, int]:
+    rss: dict[str, int] = {}
+    for p in [process, *process.children(recursive=True)]:
+        try:
+            size, name = p.memory_info().rss, role(p)
+        except psutil.Error:
+            continue
+        rss[name] = rss.get(name, 0) + size
+    return rss
+
+
+def tree_cpu_seconds(process: psutil.Process) -> float:
+    """User + system CPU seconds of a process and all its descendants (alive ones)."""
+    return sum(tree_cpu_by_role(process).values())
 
 
 def tree_rss(process: psutil.Process) -> int:
-    total = 0
-    for p in [process, *process.children(recursive=True)]:
-        try:
-            total += p.memory_info().rss
-        except psutil.Error:
-            continue
-    return total
+    return sum(tree_rss_by_role(process).values())

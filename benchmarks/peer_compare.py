@@ -15,7 +15,8 @@ Traffic:
 
 Concurrency 1, 4, 8: that many clients, each sending its next request when the last one returns,
 ``--requests`` per cell. Reported per cell and server: images/min, latency p50/p99, the ardit/peer
-ratios per repeat (median, p10-p90), peak RSS of each server's process tree during the run. At
+ratios per repeat (median, p10-p90), CPU-seconds per image, and the peak RSS of each server's process tree from
+launch and once ready (start-up's weights and warm-up apart from serving), each also process by process. At
 concurrency 1, ardit's ``server-timing`` stages split its end-to-end time into compute (AR engine,
 DiT denoise/VAE/encode) and serving overhead, per stage.
 
@@ -110,6 +111,11 @@ class Server:
         """``group``: the process leads a process group of its own, stopped whole."""
         self.name, self.url, self.process, self.ready_path, self.group = name, url, process, ready_path, group
         self.peak_rss = 0
+        self.peak_rss_by_role: dict[str, int] = {}  # each process's share of the peak, at the peak
+        # The same once ready: start-up (weights read, a warm-up render) apart from serving.
+        self.serving = False
+        self.serving_peak_rss = 0
+        self.serving_peak_rss_by_role: dict[str, int] = {}
         self._stop = threading.Event()
         self._sampler = threading.Thread(target=self._sample, daemon=True)
         self._sampler.start()
@@ -118,9 +124,14 @@ class Server:
         root = psutil.Process(self.process.pid)
         while not self._stop.wait(0.25):
             try:
-                self.peak_rss = max(self.peak_rss, paired.tree_rss(root))
+                by_role = paired.tree_rss_by_role(root)
             except psutil.Error:
                 continue
+            total = sum(by_role.values())
+            if total > self.peak_rss:
+                self.peak_rss, self.peak_rss_by_role = total, by_role
+            if self.serving and total > self.serving_peak_rss:
+                self.serving_peak_rss, self.serving_peak_rss_by_role = total, by_role
 
     def wait_ready(self, seconds: float = 900) -> None:
         deadline = time.monotonic() + seconds
@@ -129,14 +140,16 @@ class Server:
                 raise RuntimeError(f"{self.name} exited with {self.process.returncode}")
             try:
                 if httpx.get(f"{self.url}{self.ready_path}", timeout=2).status_code == 200:
+                    self.serving = True
                     return
             except httpx.TransportError:
                 pass
             time.sleep(1)
         raise RuntimeError(f"{self.name} not ready in {seconds} s")
 
-    def cpu_seconds(self) -> float:
-        return paired.tree_cpu_seconds(psutil.Process(self.process.pid))
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds so far of each role in the server's process tree."""
+        return paired.tree_cpu_by_role(psutil.Process(self.process.pid))
 
     def stop(self) -> None:
         self._stop.set()
@@ -261,9 +274,12 @@ def cell(server: Server, traffic: str, concurrency: int, requests: int, first: i
             future.result()
     wall = time.perf_counter() - started
     latencies = sorted(r["seconds"] for r in results)
+    cpu_after = server.cpu_seconds()
+    by_process = {name: (seconds - cpu_before.get(name, 0.0)) / len(results) for name, seconds in cpu_after.items()}
     return {
         "images_per_min": 60 * len(results) / wall,
-        "cpu_seconds_per_image": (server.cpu_seconds() - cpu_before) / len(results),
+        "cpu_seconds_per_image": sum(by_process.values()),
+        "cpu_seconds_per_image_by_process": by_process,
         "refused": sum(r["refused"] for r in results),
         "latency_p50_s": statistics.median(latencies),
         "latency_p99_s": latencies[min(len(latencies) - 1, round(0.99 * (len(latencies) - 1)))],
@@ -417,6 +433,15 @@ def main() -> None:
         for server in servers:
             server.stop()
     report["peak_rss_mb"] = {server.name: round(server.peak_rss / 2**20) for server in servers}
+    report["peak_rss_mb_by_process"] = {
+        server.name: {name: round(rss / 2**20) for name, rss in sorted(server.peak_rss_by_role.items())}
+        for server in servers
+    }
+    report["serving_peak_rss_mb"] = {server.name: round(server.serving_peak_rss / 2**20) for server in servers}
+    report["serving_peak_rss_mb_by_process"] = {
+        server.name: {name: round(rss / 2**20) for name, rss in sorted(server.serving_peak_rss_by_role.items())}
+        for server in servers
+    }
     report["cells"] = {}
     for name, by_server in runs.items():
         a, p = by_server["ardit"], by_server["peer"]
@@ -426,6 +451,10 @@ def main() -> None:
                 "latency_p50_s": paired.spread([r["latency_p50_s"] for r in rs]),
                 "latency_p99_s": paired.spread([r["latency_p99_s"] for r in rs]),
                 "cpu_seconds_per_image": paired.spread([r["cpu_seconds_per_image"] for r in rs]),
+                "cpu_seconds_per_image_by_process": {
+                    name: statistics.median(r["cpu_seconds_per_image_by_process"].get(name, 0.0) for r in rs)
+                    for name in sorted({name for r in rs for name in r["cpu_seconds_per_image_by_process"]})
+                },
                 "refused_429": sum(r["refused"] for r in rs),
                 "load_1m": [r["load_1m"] for r in rs],
             }

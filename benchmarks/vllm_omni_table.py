@@ -5,8 +5,9 @@ serving the same Qwen-Image folder at the same dtype without CFG, side by side a
     benchmarks/vllm_omni/setup.sh            # vLLM-Omni's own venv, once
     python benchmarks/vllm_omni_table.py [--repeats 3] [--requests 8] [--steps 20]
 
-Each combination's full report (cells, ratios with p10-p90, CPU-seconds per image, peak RSS, load) goes
-under ``runs`` in the output; the table printed at the end is what ``results/vllm_omni.md`` shows.
+Each combination's full report (cells, ratios with p10-p90, CPU-seconds per image, peak RSS, each also process by
+process, load) goes under ``runs`` in the output; the tables printed at the end are what ``results/vllm_omni.md``
+shows.
 """
 
 from __future__ import annotations
@@ -74,11 +75,35 @@ def table(runs: dict) -> str:
                 f"| {ratio(result['ardit/peer latency_p50'])} | {ratio(result['ardit/peer cpu_seconds_per_image'])} "
                 f"| {result['ardit']['refused_429']}, {result['peer']['refused_429']} |"
             )
-        rss = report["peak_rss_mb"]
-        lines.append(
-            f"| {machine} | {dtype} | {size} | peak RSS | {rss['ardit']:,} MB | {rss['peer']:,} MB "
-            f"| {rss['ardit'] / rss['peer']:.2f}x | | | |"
-        )
+        for key, label in (("peak_rss_mb", "peak RSS from launch"), ("serving_peak_rss_mb", "peak RSS once ready")):
+            rss = report[key]
+            lines.append(
+                f"| {machine} | {dtype} | {size} | {label} | {rss['ardit']:,} MB | {rss['peer']:,} MB "
+                f"| {rss['ardit'] / rss['peer']:.2f}x | | | |"
+            )
+    return "\n".join(lines)
+
+
+def processes(runs: dict) -> str:
+    """Where each system's CPU and memory go, process by process: CPU-seconds per image at concurrency 1 (medians
+    over repeats) and each process's RSS at the peak of the tree's sum, from launch and once ready."""
+    lines = [
+        "| machine | dtype | size | system | process | CPU-s / image, unique c=1 | CPU-s / image, shared c=1 "
+        "| RSS at the peak from launch, MB | RSS at the peak once ready, MB |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, report in runs.items():
+        size, dtype, load = name.split()
+        machine = "quiet" if load == "load=0" else f"{load.split('=')[1]} core(s) busy"
+        for system, label in (("ardit", "ardit"), ("peer", "vLLM-Omni")):
+            unique = report["cells"]["unique c=1"][system]["cpu_seconds_per_image_by_process"]
+            shared = report["cells"]["shared_prefix c=1"][system]["cpu_seconds_per_image_by_process"]
+            rss, serving = report["peak_rss_mb_by_process"][system], report["serving_peak_rss_mb_by_process"][system]
+            for process in sorted(set(unique) | set(rss), key=lambda p: -unique.get(p, 0.0)):
+                lines.append(
+                    f"| {machine} | {dtype} | {size} | {label} | {process} | {unique.get(process, 0.0):.3f} "
+                    f"| {shared.get(process, 0.0):.3f} | {rss.get(process, 0):,} | {serving.get(process, 0):,} |"
+                )
     return "\n".join(lines)
 
 
@@ -112,6 +137,7 @@ def main() -> None:
                     }
                     args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(table(runs))
+    print(processes(runs))
 
 
 if __name__ == "__main__":
