@@ -19,12 +19,9 @@ import uvloop
 from fastapi import Request
 from prometheus_client import CollectorRegistry
 
-from services.app import Readiness, create_app
-from services.app_metrics import AppMetrics
 from services.connection_guard import ConnectionGuard
-from services.drain import Drain
-from services.fatal import Fatal
 from services.metrics import Families
+from tests.support.bare_app import bare_app
 from tests.support.live_server import LiveServer
 
 HEAD_TIMEOUT = 1.0
@@ -32,10 +29,6 @@ MAX_HEAD = 4096
 MAX_CONNECTIONS = 8
 BODY_TIMEOUT = 3.0
 HANG_GUARD = 30.0
-
-
-async def ready() -> Readiness:
-    return Readiness(True, "ready")
 
 
 @dataclass
@@ -61,15 +54,7 @@ def served(request: pytest.FixtureRequest) -> Iterator[Served]:
         max_connections=MAX_CONNECTIONS,
         body_timeout=BODY_TIMEOUT,
     )
-    app = create_app(
-        "test",
-        lifespan=None,
-        readiness=ready,
-        app_metrics=AppMetrics(registry, "t"),
-        fatal=Fatal(),
-        drain=Drain(1.0),
-        connections=guard,
-    )
+    app, _ = bare_app(registry, connections=guard)
 
     @app.post("/echo")
     async def echo(request: Request) -> dict[str, int]:

@@ -12,20 +12,13 @@ import pytest
 from fastapi import Response
 from prometheus_client import CollectorRegistry
 
-from services.app import Readiness, create_app
-from services.app_metrics import AppMetrics
-from services.drain import Drain
-from services.fatal import Fatal
 from services.metrics import Families
 from services.slow_readers import SlowReaders
+from tests.support.bare_app import bare_app
 from tests.support.live_server import LiveServer
 
 ANSWER_BYTES = 32 << 20  # far more than the socket buffers between the server and a stalled client
 SEND_TIMEOUT = 1.0
-
-
-async def ready() -> Readiness:
-    return Readiness(True, "ready")
 
 
 @dataclass
@@ -41,15 +34,7 @@ class Served:
 def served() -> Iterator[Served]:
     registry = CollectorRegistry()
     guard = SlowReaders(Families(registry, "t"), send_timeout=SEND_TIMEOUT, max_responses=2, max_bytes=1 << 30)
-    app = create_app(
-        "test",
-        lifespan=None,
-        readiness=ready,
-        app_metrics=AppMetrics(registry, "t"),
-        fatal=Fatal(),
-        drain=Drain(1.0),
-        slow_readers=guard,
-    )
+    app, _ = bare_app(registry, slow_readers=guard)
 
     @app.get("/big")
     async def big(size: int = ANSWER_BYTES) -> Response:
