@@ -198,11 +198,11 @@ class CpuOmniPlatform(OmniPlatform, CpuPlatform):
     @classmethod
     def max_memory_allocated(cls, device: torch.device | int | None = None) -> int:
         # The process's resident set, not a peak: there is no cheap per-request high-water mark for host memory.
-        return int(psutil.Process().memory_info().rss)
+        return cls.memory_allocated(device)
 
     @classmethod
     def max_memory_reserved(cls, device: torch.device | int | None = None) -> int:
-        return int(psutil.Process().memory_info().rss)
+        return cls.memory_allocated(device)
 
     @classmethod
     def reset_peak_memory_stats(cls, device: torch.device | int | None = None) -> None:
