@@ -39,6 +39,7 @@ checkpoints: $(STAMP) $(DEMO_DIT_DIR)/.complete
 	$(PY) deploy/checkpoints/build_smollm2.py --out $(SMOLLM2_DIR)
 	$(PY) deploy/checkpoints/build_tiny_qwen_image.py --out $(TINY_DIT_DIR) --ar-model $(SMOLLM2_DIR)
 	$(PY) -m deploy.checkpoints.build_qwen_image_full --out $(FULL_QWEN_IMAGE_DIR)
+	$(PY) -m deploy.checkpoints.build_qwen3_families --out-dir $(ARDIT_CACHE_DIR)/models
 
 # Copied whole into a temporary directory, then renamed: a half-copied model is never served.
 $(DEMO_DIT_DIR)/.complete: $(shell find $(DEMO_DIT_SRC) -type f)

@@ -22,6 +22,10 @@ PLUMBING_DIT_MODEL = "qwen-image-tiny"
 # Qwen-Image is published in: what the reference tests compare with diffusers' own pipeline
 # (deploy/checkpoints/build_qwen_image_full.py). "<name>-nested" is the same with a transformers-5 config.
 FULL_QWEN_IMAGE_MODEL = "qwen-image-full-tiny"
+# Tiny Z-Image and FLUX.2 [klein] pipelines with every part (a Qwen3 text encoder, Qwen3's tokenizer, the family's
+# DiT, VAE and scheduler), in the folder layout each is published in (deploy/checkpoints/build_qwen3_families.py).
+Z_IMAGE_MODEL = "z-image-tiny"
+FLUX2_KLEIN_MODEL = "flux2-klein-tiny"
 
 
 def default_model_dir(name: str) -> Path:
