@@ -466,6 +466,9 @@ def main() -> None:
             "ardit/peer latency_p50": paired.spread(
                 [x["latency_p50_s"] / y["latency_p50_s"] for x, y in zip(a, p, strict=True)]
             ),
+            "ardit/peer latency_p99": paired.spread(
+                [x["latency_p99_s"] / y["latency_p99_s"] for x, y in zip(a, p, strict=True)]
+            ),
             "ardit/peer cpu_seconds_per_image": paired.spread(
                 [x["cpu_seconds_per_image"] / y["cpu_seconds_per_image"] for x, y in zip(a, p, strict=True)]
             ),

@@ -59,11 +59,18 @@ def ratio(spread: dict) -> str:
     return f"{spread['p50']:.2f} ({spread['p10']:.2f}-{spread['p90']:.2f})"
 
 
+def p99(result: dict) -> str:
+    """The p99 latency ratio per repeat; a run from before peer_compare.py paired it gives its medians' ratio."""
+    if "ardit/peer latency_p99" in result:
+        return ratio(result["ardit/peer latency_p99"])
+    return f"{result['ardit']['latency_p99_s']['p50'] / result['peer']['latency_p99_s']['p50']:.2f} (of medians)"
+
+
 def table(runs: dict) -> str:
     lines = [
         "| machine | dtype | size | cell | ardit img/min | vLLM-Omni img/min | ardit / vLLM-Omni img/min "
-        "| p50 latency ratio | CPU-s / image ratio | 429s ardit, vLLM-Omni |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| p50 latency ratio | p99 latency ratio | CPU-s / image ratio | 429s ardit, vLLM-Omni |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, report in runs.items():
         size, dtype, load = name.split()
@@ -72,14 +79,15 @@ def table(runs: dict) -> str:
             lines.append(
                 f"| {machine} | {dtype} | {size} | {cell} | {result['ardit']['images_per_min']['p50']:.0f} "
                 f"| {result['peer']['images_per_min']['p50']:.0f} | {ratio(result['ardit/peer images_per_min'])} "
-                f"| {ratio(result['ardit/peer latency_p50'])} | {ratio(result['ardit/peer cpu_seconds_per_image'])} "
+                f"| {ratio(result['ardit/peer latency_p50'])} | {p99(result)} "
+                f"| {ratio(result['ardit/peer cpu_seconds_per_image'])} "
                 f"| {result['ardit']['refused_429']}, {result['peer']['refused_429']} |"
             )
         for key, label in (("peak_rss_mb", "peak RSS from launch"), ("serving_peak_rss_mb", "peak RSS once ready")):
             rss = report[key]
             lines.append(
                 f"| {machine} | {dtype} | {size} | {label} | {rss['ardit']:,} MB | {rss['peer']:,} MB "
-                f"| {rss['ardit'] / rss['peer']:.2f}x | | | |"
+                f"| {rss['ardit'] / rss['peer']:.2f}x | | | | |"
             )
     return "\n".join(lines)
 
