@@ -52,6 +52,19 @@ QWEN3_CONFIG: dict[str, Any] = {
     "bos_token_id": 151643,
     "eos_token_id": 151645,
 }
+# Both families' VAEs (Z-Image: FLUX.1's AutoencoderKL; FLUX.2: AutoencoderKLFlux2) at a toy width: four blocks,
+# 16 latent channels, an 8x downscale.
+TINY_VAE: dict[str, Any] = {
+    "in_channels": 3,
+    "out_channels": 3,
+    "down_block_types": ["DownEncoderBlock2D"] * 4,
+    "up_block_types": ["UpDecoderBlock2D"] * 4,
+    "block_out_channels": [8, 8, 16, 16],
+    "layers_per_block": 1,
+    "latent_channels": 16,
+    "norm_num_groups": 8,
+    "sample_size": 64,
+}
 # Z-Image-Turbo's published recipe, at a toy width: head dim 32 = sum(axes_dims).
 Z_IMAGE: dict[str, Any] = {
     "text_layers": 4,
@@ -73,15 +86,7 @@ Z_IMAGE: dict[str, Any] = {
         "axes_lens": [1536, 512, 512],
     },
     "vae": {
-        "in_channels": 3,
-        "out_channels": 3,
-        "down_block_types": ["DownEncoderBlock2D"] * 4,
-        "up_block_types": ["UpDecoderBlock2D"] * 4,
-        "block_out_channels": [8, 8, 16, 16],
-        "layers_per_block": 1,
-        "latent_channels": 16,
-        "norm_num_groups": 8,
-        "sample_size": 64,
+        **TINY_VAE,
         "scaling_factor": 0.3611,
         "shift_factor": 0.1159,
         "use_quant_conv": False,
@@ -110,15 +115,7 @@ FLUX2_KLEIN: dict[str, Any] = {
         "guidance_embeds": False,
     },
     "vae": {
-        "in_channels": 3,
-        "out_channels": 3,
-        "down_block_types": ["DownEncoderBlock2D"] * 4,
-        "up_block_types": ["UpDecoderBlock2D"] * 4,
-        "block_out_channels": [8, 8, 16, 16],
-        "layers_per_block": 1,
-        "latent_channels": 16,
-        "norm_num_groups": 8,
-        "sample_size": 64,
+        **TINY_VAE,
         "patch_size": [2, 2],
     },
     "scheduler": {
