@@ -58,10 +58,10 @@ class ArRuntime:
 
 def create_ar_app(settings: ArSettings) -> FastAPI:
     fatal = Fatal()
-    metrics = ArMetrics.of_service(new_registry(), settings)
     engine = HiddenStateEngine(settings)
-    prompts = PromptBuilder.from_model_dir(settings.model_dir, settings.prompt_template)
-    dits = DitPool.of_settings(settings, engine.text_model.hidden_size, engine.layer)
+    metrics = ArMetrics.of_service(new_registry(), settings, engine.rows)
+    prompts = PromptBuilder.of_text_model(engine.text_model, engine.rows)
+    dits = DitPool.of_settings(settings, engine.rows, engine.row_width)
     readiness = ArReadiness(dits)
     admission = RequestAdmission(
         settings.max_queued_requests,

@@ -2,9 +2,9 @@
 
 The DiT's ``/readyz`` body carries its capabilities (``shared.capabilities``). They are read
 again on every probe, so a DiT that restarts with other limits (or another model) is seen as
-soon as it is ready again. A DiT whose rows would not fit this AR (another hidden size, an
-unknown conditioning adapter) is reported not ready, with the reason, rather than failing every
-request later.
+soon as it is ready again. A DiT whose rows would not fit this AR (another width, rows read otherwise
+than its model card says this AR reads them, an unknown conditioning adapter) is reported not ready,
+with the reason, rather than failing every request later.
 
 A request never waits on a routine probe: one probe at a time refreshes a state older than
 ``RECHECK_SECONDS`` while requests go on with the last one (a burst of hundreds of requests used to
@@ -25,6 +25,7 @@ import aiohttp
 from pydantic import ValidationError
 
 from shared.capabilities import DitCapabilities
+from shared.row_recipe import RowRecipe
 
 log = logging.getLogger("ardit.ar.dit_peer")
 
@@ -42,15 +43,13 @@ class PeerState:
 
 
 class DitPeer:
-    def __init__(
-        self, session: aiohttp.ClientSession, base_url: str, *, hidden_size: int, layer: int, conditioning: str
-    ) -> None:
-        """The caller owns ``session``'s lifetime. ``layer``: the AR layer whose rows this AR streams."""
+    def __init__(self, session: aiohttp.ClientSession, base_url: str, *, rows: RowRecipe, row_width: int) -> None:
+        """The caller owns ``session``'s lifetime. ``rows``: how this AR reads the rows it streams, ``row_width``
+        wide."""
         self._session = session
         self._readyz = f"{base_url}/readyz"
-        self._hidden_size = hidden_size
-        self._layer = layer
-        self._conditioning = conditioning
+        self._rows = rows
+        self._row_width = row_width
         self._state = PeerState(False, "DiT not probed yet")
         self._checked_at = float("-inf")
         self._trusted = False
@@ -99,15 +98,13 @@ class DitPeer:
             capabilities = DitCapabilities.model_validate(json.loads(answer)["capabilities"])
         except (ValueError, KeyError, TypeError, ValidationError):
             return PeerState(False, "DiT service announced no usable capabilities")
-        if capabilities.hidden_size != self._hidden_size:
+        if capabilities.hidden_size != self._row_width:
             return PeerState(
-                False, f"DiT is conditioned on {capabilities.hidden_size}-wide rows, this AR makes {self._hidden_size}"
+                False, f"DiT is conditioned on {capabilities.hidden_size}-wide rows, this AR makes {self._row_width}"
             )
-        if capabilities.hidden_layer not in (None, self._layer):
-            return PeerState(
-                False,
-                f"DiT is conditioned on layer {capabilities.hidden_layer}'s rows, this AR streams layer {self._layer}",
-            )
-        if self._conditioning not in capabilities.conditioning:
-            return PeerState(False, f"DiT has no {self._conditioning!r} conditioning adapter")
+        differences = capabilities.rows.differences(self._rows) if capabilities.rows is not None else []
+        if differences:
+            return PeerState(False, f"DiT reads rows otherwise than this AR: {'; '.join(differences)}")
+        if self._rows.conditioning not in capabilities.conditioning:
+            return PeerState(False, f"DiT has no {self._rows.conditioning!r} conditioning adapter")
         return PeerState(True, "ready", capabilities)

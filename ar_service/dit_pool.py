@@ -38,6 +38,7 @@ from ar_service.handoff_client import (
 )
 from ar_service.settings import ArSettings
 from shared.capabilities import DitCapabilities
+from shared.row_recipe import RowRecipe
 
 log = logging.getLogger("ardit.ar.dit_pool")
 
@@ -101,14 +102,13 @@ class DitPool:
     token: str | None
     deadline_seconds: float
     stall_seconds: float
-    hidden_size: int
-    layer: int  # the AR layer whose rows this AR streams
-    conditioning: str
+    rows: RowRecipe  # how this AR reads the rows it streams
+    row_width: int
     replicas: dict[str, DitReplica] = field(default_factory=dict)
     _resolved: dict[str, list[str]] = field(default_factory=dict)  # each target's last good DNS answer
 
     @classmethod
-    def of_settings(cls, settings: ArSettings, hidden_size: int, layer: int) -> DitPool:
+    def of_settings(cls, settings: ArSettings, rows: RowRecipe, row_width: int) -> DitPool:
         """The pool ``ARDIT_AR_DIT_URL`` names, talking to each replica as the settings say."""
 
         return cls(
@@ -117,9 +117,8 @@ class DitPool:
             token=settings.handoff_token.get_secret_value() if settings.handoff_token else None,
             deadline_seconds=settings.dit_timeout_seconds,
             stall_seconds=settings.dit_stall_timeout_seconds,
-            hidden_size=hidden_size,
-            layer=layer,
-            conditioning=settings.conditioning,
+            rows=rows,
+            row_width=row_width,
         )
 
     async def keep_resolved(self, interval: float) -> None:
@@ -141,9 +140,7 @@ class DitPool:
         for url in urls:
             if url not in self.replicas:
                 session = self.make_session()
-                peer = DitPeer(
-                    session, url, hidden_size=self.hidden_size, layer=self.layer, conditioning=self.conditioning
-                )
+                peer = DitPeer(session, url, rows=self.rows, row_width=self.row_width)
                 handoff = HandoffClient(
                     session, url, self.token, deadline_seconds=self.deadline_seconds, stall_seconds=self.stall_seconds
                 )

@@ -177,11 +177,11 @@ class ImageGenerator:
         return OpenFrame(
             request_id=request.request_id,
             model=self.settings.model_dir.name,
-            conditioning=self.settings.conditioning,
+            conditioning=self.engine.rows.conditioning,
             dtype=wire_dtype(self.engine.dtype),
-            hidden_size=self.engine.text_model.hidden_size,
-            layer=self.engine.layer,
-            final_norm=self.settings.final_norm,
+            hidden_size=self.engine.row_width,
+            layers=self.engine.rows.layers,
+            final_norm=self.engine.rows.final_norm,
             streams={
                 name: StreamSpec(
                     prompt_tokens=len(prompt.token_ids),

@@ -23,6 +23,7 @@ from ar_service.settings import ArSettings
 from services.app_metrics import AppMetrics
 from services.metrics import HANDOFF_BUCKETS, LATENCY_BUCKETS, TOKEN_BUCKETS, Families
 from services.version import VERSION
+from shared.row_recipe import RowRecipe
 
 # The reason a handoff failed: a HandoffFailed's ``reason``, or the AR's own row buffer overflowing.
 ROW_BUFFER_OVERFLOW = "row_buffer_overflow"
@@ -123,7 +124,7 @@ class ArMetrics:
         registry.register(self.vllm)
 
     @classmethod
-    def of_service(cls, registry: CollectorRegistry, settings: ArSettings) -> ArMetrics:
+    def of_service(cls, registry: CollectorRegistry, settings: ArSettings, rows: RowRecipe) -> ArMetrics:
         """The families of an AR running with ``settings``, its build described."""
         metrics = cls(registry)
         metrics.build_info.info(
@@ -132,7 +133,7 @@ class ArMetrics:
                 "model": settings.model_dir.name,
                 "dtype": settings.engine_dtype,
                 "device": "cuda" if torch.cuda.is_available() else "cpu",
-                "conditioning": settings.conditioning,
+                "conditioning": rows.conditioning,
                 "prefix_caching": str(settings.enable_prefix_caching).lower(),
             }
         )

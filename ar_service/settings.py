@@ -29,19 +29,15 @@ from services.settings import (
     ReleaseIdleSeconds,
     Seconds,
 )
-
-# Qwen-Image's own prompt template: the DiT was trained on the rows after its system prefix.
-QWEN_IMAGE_TEMPLATE = (
-    "<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, text, "
-    "spatial relationships of the objects and background:<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n"
-    "<|im_start|>assistant\n"
-)
-
+from shared.row_recipe import RowRecipe
 
 # The demo DiT is conditioned on this layer of SmolLM2's 30: its held-out colour x shape pairs came out right
 # more often there than on the last layer, where every row after a colour word has read it (benchmarks/results/
 # demo_dit_ablation.json). The recipe (deploy/checkpoints/train_demo_dit.py) trains on this default.
 DEMO_HIDDEN_LAYER = 8
+# How the demo DiT reads rows (its card says so too): what an AR serving a language model's own folder, which has
+# no card, captures. Otherwise Qwen-Image's: its template, after the final norm, the template's rows dropped.
+DEMO_ROWS = RowRecipe(layers=[DEMO_HIDDEN_LAYER])
 
 
 class ArSettings(BaseSettings):
@@ -84,14 +80,20 @@ class ArSettings(BaseSettings):
         description="Decode one token per step with capture on: drop the duplicate draft token vLLM's "
         "extract_hidden_states schedules (off only for measuring its cost).",
     )
+    # How rows are read (layer, final norm, template, adapter) is the DiT's model card's: the AR reads it from the
+    # pipeline folder it serves, the same file the DiT announces from, and checks the DiT's announcement against
+    # it. The four settings below override it, one part each, for experiments: a DiT reading rows otherwise
+    # refuses them.
     hidden_layer: NonNegative | None = Field(
         None,
-        description="Decoder layer whose output is captured (1 the first, 0 the embeddings, the model's layer count "
-        "the last). None: for a diffusers pipeline folder (Qwen-Image as published), its model card's layer, else "
-        "its text encoder's last (what QwenImagePipeline conditions on); for a language model's own folder, the "
-        "layer the demo DiT was trained on (its card says so too, and a DiT refuses rows of another layer).",
+        description="Capture this one decoder layer's output (1 the first, 0 the embeddings, the model's layer count "
+        "the last). None: the layers of the model card of the pipeline folder served (Qwen-Image as published: its "
+        "text encoder's last; Z-Image: the one before; FLUX.2 [klein]: 9, 18 and 27), or for a language model's own "
+        "folder the layer the demo DiT was trained on.",
     )
-    final_norm: bool = Field(True, description="Apply the model's final norm to captured rows (post-norm states).")
+    final_norm: bool | None = Field(
+        None, description="Apply the model's final norm to captured rows (None: as the model card says)."
+    )
     seed: int = Field(0, description="Engine seed.")
     kv_events_publisher: Literal["off", "zmq"] = Field(
         "off", description="Publish vLLM's KV-cache events (BlockStored/BlockRemoved) for prefix-aware routers."
@@ -104,7 +106,11 @@ class ArSettings(BaseSettings):
     kv_events_topic: str = Field("", description="ZMQ topic of the KV-cache events (llm-d: kv@<pod ip>@<model>).")
 
     # --- prompts ---------------------------------------------------------------------------------
-    prompt_template: str = Field(QWEN_IMAGE_TEMPLATE, description="Python format string with one {} for the prompt.")
+    prompt_template: str | None = Field(
+        None,
+        description="Python format string with one {} for the prompt (None: the model card's, Qwen-Image's own or "
+        "the tokenizer's chat template).",
+    )
     default_negative_prompt: str | None = Field(
         None,
         description="Negative prompt for CFG when the request gives none (None: the one the DiT announces, its "
@@ -117,7 +123,9 @@ class ArSettings(BaseSettings):
     max_prompt_tokens: Positive = Field(
         1024, description="Longest templated prompt accepted (the DiT's max_sequence_length bounds what it uses)."
     )
-    conditioning: Literal["qwen_image", "ar_generated"] = Field("qwen_image", description="DiT conditioning adapter.")
+    conditioning: Literal["qwen_image", "every_row", "ar_generated"] | None = Field(
+        None, description="DiT conditioning adapter (None: the model card's)."
+    )
 
     # --- streaming and handoff -------------------------------------------------------------------
     row_buffer_bytes: Positive = Field(
@@ -271,3 +279,14 @@ class ArSettings(BaseSettings):
         """Tokens the KV cache holds when no byte size is set: the longest request, plus one block for each
         other sequence the engine schedules with it (a short prompt fills one)."""
         return (-(-self.model_len // block_size) + self.max_num_seqs - 1) * block_size
+
+    def rows(self, card_rows: RowRecipe | None) -> RowRecipe:
+        """How this AR reads rows: the served pipeline folder's card's (``card_rows``; None: a language model's own
+        folder, the demo's), each part these settings set overridden."""
+        overrides = {
+            "layers": None if self.hidden_layer is None else [self.hidden_layer],
+            "final_norm": self.final_norm,
+            "template": self.prompt_template,
+            "conditioning": self.conditioning,
+        }
+        return (card_rows or DEMO_ROWS).model_copy(update={k: v for k, v in overrides.items() if v is not None})

@@ -125,7 +125,7 @@ def measure(name: str, model: Model, seeds: int) -> dict:
 
     settings = ArSettings(model_dir=model.ar, dtype="bfloat16", max_prompt_tokens=1024)
     engine = HiddenStateEngine(settings)
-    builder = PromptBuilder.from_model_dir(model.ar, settings.prompt_template)
+    builder = PromptBuilder.of_text_model(engine.text_model, engine.rows)
     card = ModelCard.read(model.dit)
     pipeline = QwenImagePipeline.from_pretrained(
         str(model.dit), text_encoder=None, tokenizer=None, dtype=torch.bfloat16
@@ -170,7 +170,13 @@ def measure(name: str, model: Model, seeds: int) -> dict:
                     "pixels_differing_share": [float((p > 0).mean()) for p in pixel],
                 }
             )
-        return {"ar": str(model.ar), "dit": str(model.dit), "layer": engine.layer, "block": block, "cases": cases}
+        return {
+            "ar": str(model.ar),
+            "dit": str(model.dit),
+            "layers": engine.rows.layers,
+            "block": block,
+            "cases": cases,
+        }
     finally:
         loop.close()
         engine.shutdown()

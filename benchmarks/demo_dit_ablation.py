@@ -40,6 +40,7 @@ from deploy.checkpoints import demo_scenes
 from deploy.checkpoints import train_demo_dit as recipe
 from deploy.checkpoints.build_tiny_qwen_image import SCHEDULER_CONFIG
 from deploy.checkpoints.demo_rows import PromptRows
+from shared.row_recipe import QWEN_IMAGE_TEMPLATE
 
 RESULTS = Path(__file__).parent / "results"
 GUIDANCE = 2.0
@@ -154,7 +155,7 @@ def main() -> int:
     for model_dir in args.models:
         record = json.loads((model_dir / "training_record.json").read_text())
         # Each run is judged on the rows it was trained on: the AR layer its record names.
-        encoder = PromptRows(ArSettings().model_dir, ArSettings().prompt_template, record.get("hidden_layer"))
+        encoder = PromptRows(ArSettings().model_dir, QWEN_IMAGE_TEMPLATE, record.get("hidden_layer"))
         null_rows = encoder.rows([recipe.NULL_PROMPT])[0]
         pipeline = load_pipeline(model_dir)
         scores = judge_groups(pipeline, encoder, null_rows, args.prompts, args.seeds)

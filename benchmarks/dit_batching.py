@@ -78,7 +78,7 @@ def handoff(seed: int, hidden: int, width: int, height: int, steps: int) -> byte
             conditioning="qwen_image",
             dtype="float32",
             hidden_size=hidden,
-            layer=30,
+            layers=[30],
             final_norm=True,
             streams={"cond": StreamSpec(prompt_tokens=ROWS, max_rows=ROWS, prefix_tokens=0)},
             diffusion=DiffusionParams(

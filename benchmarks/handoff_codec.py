@@ -102,7 +102,7 @@ def ardit(
         conditioning="qwen_image",
         dtype="bfloat16",
         hidden_size=HIDDEN,
-        layer=28,
+        layers=[28],
         final_norm=True,
         streams={"cond": StreamSpec(prompt_tokens=PROMPT, max_rows=ROWS)},
         diffusion=DiffusionParams(width=1024, height=1024, num_inference_steps=50, guidance_scale=4.0, seed=0),

@@ -141,7 +141,7 @@ def open_frame(rows: int) -> OpenFrame:
         conditioning="qwen_image",
         dtype="bfloat16",
         hidden_size=HIDDEN,
-        layer=28,
+        layers=[28],
         final_norm=True,
         streams={"cond": StreamSpec(prompt_tokens=rows, max_rows=rows)},
         diffusion=DiffusionParams(width=1024, height=1024, num_inference_steps=50, guidance_scale=4.0, seed=0),

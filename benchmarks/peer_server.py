@@ -38,6 +38,7 @@ from pydantic import BaseModel  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from ar_service import ArSettings, PromptBuilder  # noqa: E402
+from ar_service.engine.text_model import TextModel  # noqa: E402
 from dit_service import (  # noqa: E402
     ConditioningAdapters,
     ConditioningOptions,
@@ -67,7 +68,8 @@ class SharedModels:
     """Loaded once, read by every request's thread."""
 
     def __init__(self, ar: ArSettings, dit: DitSettings) -> None:
-        self.prompts = PromptBuilder.from_model_dir(ar.model_dir, ar.prompt_template)
+        text_model = TextModel.read(ar.model_dir)
+        self.prompts = PromptBuilder.of_text_model(text_model, ar.rows(text_model.card_rows))
         self.llm = AutoModelForCausalLM.from_pretrained(str(ar.model_dir), dtype=torch.float32).eval()
         self.dit = DitModel.load(dit.model_dir, dit.device, dit.torch_dtype_name)
         options = ConditioningOptions(
@@ -88,7 +90,7 @@ class SharedModels:
         # (transformers' last entry is normed already). Like a diffusers pipeline's text encoder, the whole
         # model runs, as ardit's engine does.
         states = self.llm.model(input_ids=ids, output_hidden_states=True).hidden_states
-        layer = self.dit.card.hidden_layer
+        layer = None if self.dit.card.rows is None else self.dit.card.rows.layers[0]
         last = layer is None or layer == len(states) - 1
         rows = (states[-1] if last else self.llm.model.norm(states[layer]))[0]
         stream = AssembledStream(

@@ -35,7 +35,7 @@ def dit_capabilities(settings: DitSettings, model: DitModel) -> DitCapabilities:
         model=settings.model_dir.name,
         description=card.description or f"a diffusers QwenImagePipeline loaded from {settings.model_dir.name}",
         hidden_size=facts.joint_attention_dim,
-        hidden_layer=card.hidden_layer,
+        rows=card.rows,
         conditioning=ConditioningAdapters.names(),
         limits=DiffusionLimits(
             size_multiple=facts.size_multiple,

@@ -95,6 +95,16 @@ class QwenImageAdapter(ConditioningAdapter):
         return list(self._prompt_rows(stream))
 
 
+class EveryRowAdapter(ConditioningAdapter):
+    """Z-Image, FLUX.2 [klein]: every row of the prompt, its chat template's included (their ``encode_prompt``
+    keeps every unpadded row)."""
+
+    name = "every_row"
+
+    def row_indices(self, stream: AssembledStream) -> list[int]:
+        return list(range(min(stream.answer_start_index, stream.rows.shape[0])))
+
+
 class ArGeneratedAdapter(ConditioningAdapter):
     """MammothModa2-style: prompt text rows (no prefix, no special tokens), then the generated rows."""
 
@@ -112,7 +122,7 @@ class ArGeneratedAdapter(ConditioningAdapter):
 class ConditioningAdapters:
     """The adapters an ``open`` frame may name in ``conditioning``."""
 
-    KINDS: ClassVar[tuple[type[ConditioningAdapter], ...]] = (QwenImageAdapter, ArGeneratedAdapter)
+    KINDS: ClassVar[tuple[type[ConditioningAdapter], ...]] = (QwenImageAdapter, EveryRowAdapter, ArGeneratedAdapter)
 
     def __init__(self, options: ConditioningOptions) -> None:
         self._by_name = {kind.name: kind(options) for kind in self.KINDS}

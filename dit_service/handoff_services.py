@@ -74,7 +74,7 @@ def serve_model(
         progress_interval=settings.progress_interval_seconds,
         max_consecutive_failures=settings.max_consecutive_pipeline_failures,
     )
-    policy = OpenFramePolicy(capabilities, adapters, settings.expected_model, settings.expected_final_norm)
+    policy = OpenFramePolicy(capabilities, adapters, settings.expected_model)
     limits, defaults = capabilities.limits, capabilities.defaults
     warmup = Warmup(
         Renderer(model, vae, encoder, DitMetrics(CollectorRegistry())),

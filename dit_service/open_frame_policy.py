@@ -4,9 +4,10 @@ Checked as soon as ``open`` arrives, so a handoff this model cannot serve ends b
 are sent. The diffusion parameters are checked against the limits this DiT announces, by the same
 ``DiffusionLimits.check`` the AR runs on public requests: the announcement lets the AR refuse
 early, this check makes the DiT safe whoever sends. The conditioning width is checked because a
-mismatch would only surface as a matmul error mid-run; the layer (where the model's card names one) because
-another layer's rows have the same width and would render a wrong picture without any error. Rejections name
-the public API's parameters (``size``, ``n``, ...), so the AR can pass them through unchanged.
+mismatch would only surface as a matmul error mid-run; the recipe's layers, final norm and adapter (where the
+model's card names them) because rows read otherwise have the same width and would render a wrong picture without
+any error. Rejections name the public API's parameters (``size``, ``n``, ...), so the AR can pass them through
+unchanged.
 """
 
 from __future__ import annotations
@@ -23,12 +24,10 @@ class OpenFramePolicy:
         capabilities: DitCapabilities,
         adapters: ConditioningAdapters,
         expected_model: str | None,
-        expected_final_norm: bool | None,
     ) -> None:
         self._capabilities = capabilities
         self._adapters = adapters
         self._expected_model = expected_model
-        self._expected_final_norm = expected_final_norm
 
     def check(self, frame: OpenFrame) -> ConditioningAdapter:
         if self._expected_model is not None and frame.model != self._expected_model:
@@ -43,16 +42,25 @@ class OpenFramePolicy:
                 f"{self._capabilities.hidden_size}",
                 param="hidden_size",
             )
-        layer = self._capabilities.hidden_layer
-        if layer is not None and frame.layer != layer:
+        rows = self._capabilities.rows
+        if rows is None and len(frame.layers) > 1:
             raise ConditioningMismatch(
-                f"hidden states come from the AR's layer {frame.layer}; this DiT was trained on layer {layer}",
-                param="layer",
+                f"rows of layers {frame.layers}: this DiT knows no recipe of several layers", param="layers"
             )
-        if self._expected_final_norm is not None and frame.final_norm != self._expected_final_norm:
-            state = "after" if self._expected_final_norm else "before"
+        if rows is not None and frame.layers != rows.layers:
+            raise ConditioningMismatch(
+                f"hidden states come from the AR's layers {frame.layers}; this DiT was trained on layers {rows.layers}",
+                param="layers",
+            )
+        if rows is not None and frame.final_norm != rows.final_norm:
+            state = "after" if rows.final_norm else "before"
             raise ConditioningMismatch(
                 f"this DiT is conditioned on hidden states {state} the AR model's final norm", param="final_norm"
+            )
+        if rows is not None and frame.conditioning != rows.conditioning:
+            raise ConditioningMismatch(
+                f"this DiT is conditioned by its {rows.conditioning!r} adapter, not {frame.conditioning!r}",
+                param="conditioning",
             )
         for name, spec in frame.streams.items():
             if spec.prefix_tokens is None:

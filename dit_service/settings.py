@@ -51,10 +51,6 @@ class DitSettings(BaseSettings):
     expected_model: str | None = Field(
         None, description="If set, the AR model tag every handoff's open.model must equal (else 4xx)."
     )
-    expected_final_norm: bool | None = Field(
-        True,
-        description="open.final_norm must equal this (Qwen-Image trained on post-norm states); None: accept both.",
-    )
 
     # --- HTTP ----------------------------------------------------------------------------------
     host: str = Field("127.0.0.1", description="Bind address.")

@@ -6,10 +6,12 @@ gets their defaults (``PUBLISHED_CARDS``), so a user who points ardit at the dow
 reference renders. A folder with neither (a DiT-only folder such as the plumbing model) has an empty
 card: the services' settings and fallbacks describe it.
 
-The layer a model was trained on is its card's, else its text encoder's last: diffusers' pipelines
-condition on ``hidden_states[-1]``. Both services read the same card: the DiT announces it, and an AR
-given the pipeline folder itself captures that layer. Whether a text encoder is served text-only is not
-carried here: the AR sees it in the checkpoint (``ar_service/engine/text_model.py``).
+How a model's rows are read from its text encoder (``rows``, a ``RowRecipe``: layers, final norm, template,
+which rows) is its card's, else its family's published recipe, else Qwen-Image's (``hidden_states[-1]`` after the
+final norm), and only where the folder ships a text encoder or the card names absolute layers: a DiT-only folder
+without a card reads any layer (``rows`` None). Both services read the same card: the DiT announces it, and an AR
+given the pipeline folder itself captures exactly that. Whether a text encoder is served text-only is not carried
+here: the AR sees it in the checkpoint (``ar_service/engine/text_model.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from shared.diffusion import Size, StepCache
+from shared.row_recipe import RowRecipe
 
 MODEL_CARD_FILE = "ardit.json"
 PIPELINE_INDEX = "model_index.json"
@@ -44,23 +47,44 @@ class ModelCard(BaseModel):
     # torch intra-op threads the model renders fastest with on CPU, measured (benchmarks/results); None: torch's
     # default, one per core. A model whose every op is small loses more to the threads' barriers than it gains.
     cpu_threads: int | None = Field(None, ge=1)
-    # The AR layer the model was trained on (the AR's ``hidden_layer``); an ``open`` from another is refused.
+    # How the model's rows are read from its text encoder; an ``open`` that reads them otherwise is refused.
     # None: not known (no card names it, and the checkpoint ships no text encoder to read it from).
-    hidden_layer: int | None = Field(None, ge=0)
+    rows: RowRecipe | None = None
 
     @classmethod
     def read(cls, model_dir: Path) -> ModelCard:
+        """The folder's card, its layers counted from the start; ``ValueError`` if they are not in its text encoder."""
         path = model_dir / MODEL_CARD_FILE
         card = cls.model_validate_json(path.read_text()) if path.exists() else _published_card(model_dir)
-        if card.hidden_layer is None:
-            card = card.model_copy(update={"hidden_layer": _text_encoder_last_layer(model_dir)})
-        return card
+        layers = _text_encoder_layers(model_dir)
+        rows = card.rows if card.rows is not None or layers is None else RowRecipe()
+        if rows is None:
+            return card
+        if layers is None:
+            if min(rows.layers) < 0:
+                raise ValueError(f"{model_dir}: its card counts layers from the end, and it ships no text encoder")
+            return card
+        try:
+            return card.model_copy(update={"rows": rows.resolved(layers)})
+        except ValueError as exc:
+            raise ValueError(f"{model_dir}: {exc}") from None
 
 
-# The defaults the authors publish with their pipeline, by its diffusers class: Qwen-Image's model card and
-# diffusers' QwenImagePipeline documentation render at 1328x1328 (its 1:1 size) in 50 steps with
-# ``true_cfg_scale=4`` and ``negative_prompt=" "``. It lists other aspect ratios too, not all of them
-# multiples of 16, which diffusers would silently round down: no list, any multiple of 16 is drawn.
+# The defaults the authors publish with their pipeline, by its diffusers class, and how its ``encode_prompt`` reads
+# the text encoder:
+# - Qwen-Image's model card and diffusers' QwenImagePipeline documentation render at 1328x1328 (its 1:1 size) in 50
+#   steps with ``true_cfg_scale=4`` and ``negative_prompt=" "``. It lists other aspect ratios too, not all of them
+#   multiples of 16, which diffusers would silently round down: no list, any multiple of 16 is drawn. Rows:
+#   ``hidden_states[-1]``, its own template, the template's rows dropped (the recipe's defaults).
+# - Z-Image-Turbo's card and diffusers' ZImagePipeline example: 1024x1024, 9 steps, ``guidance_scale=0``. Rows:
+#   ``hidden_states[-2]`` (before the final norm) of the chat template with ``enable_thinking=True``, every
+#   unpadded row kept.
+# - FLUX.2 [klein]'s distilled models and diffusers' Flux2KleinPipeline example: 1024x1024, 4 steps,
+#   ``guidance_scale=1``. Rows: ``hidden_states`` 9, 18 and 27 side by side, chat template with
+#   ``enable_thinking=False``. diffusers pads the prompt to 512 tokens and keeps the pads' rows, computed under a
+#   padding mask; a causal engine cannot compute those (each pad would attend to the prompt alone at its own
+#   position), so the real rows condition it: the closer of the two to diffusers' pictures
+#   (benchmarks/results/flux2_pad_rows.md).
 PUBLISHED_CARDS: dict[str, ModelCard] = {
     "QwenImagePipeline": ModelCard(
         description="Qwen-Image (a diffusers QwenImagePipeline with its Qwen2.5-VL text encoder)",
@@ -68,6 +92,33 @@ PUBLISHED_CARDS: dict[str, ModelCard] = {
         default_num_inference_steps=50,
         default_guidance_scale=4.0,
         default_negative_prompt=" ",
+        rows=RowRecipe(),
+    ),
+    "ZImagePipeline": ModelCard(
+        description="Z-Image (a diffusers ZImagePipeline with its Qwen3 text encoder)",
+        default_size="1024x1024",
+        default_num_inference_steps=9,
+        default_guidance_scale=0.0,
+        rows=RowRecipe(
+            layers=[-2],
+            final_norm=False,
+            template=None,
+            chat_template_kwargs={"enable_thinking": True},
+            conditioning="every_row",
+        ),
+    ),
+    "Flux2KleinPipeline": ModelCard(
+        description="FLUX.2 [klein] (a diffusers Flux2KleinPipeline with its Qwen3 text encoder)",
+        default_size="1024x1024",
+        default_num_inference_steps=4,
+        default_guidance_scale=1.0,
+        rows=RowRecipe(
+            layers=[9, 18, 27],
+            final_norm=False,
+            template=None,
+            chat_template_kwargs={"enable_thinking": False},
+            conditioning="every_row",
+        ),
     ),
 }
 
@@ -80,10 +131,10 @@ def _published_card(model_dir: Path) -> ModelCard:
     return published
 
 
-def _text_encoder_last_layer(model_dir: Path) -> int | None:
-    """The last layer of the text encoder a checkpoint ships (a real Qwen-Image's Qwen2.5-VL: 28), which
-    is the layer it was trained on: QwenImagePipeline conditions on ``hidden_states[-1]``. So an AR left at
-    the demo's layer is refused by a real Qwen-Image instead of feeding it rows it never saw."""
+def _text_encoder_layers(model_dir: Path) -> int | None:
+    """How many layers the text encoder a checkpoint ships has (a real Qwen-Image's Qwen2.5-VL: 28); None: it
+    ships none. A recipe's layers are counted against it, so an AR left at the demo's layer is refused by a real
+    Qwen-Image instead of feeding it rows it never saw."""
     config = _json(model_dir / "text_encoder" / "config.json")
     layers = (config.get("text_config") or {}).get("num_hidden_layers", config.get("num_hidden_layers"))
     return int(layers) if layers is not None else None

@@ -23,6 +23,7 @@ from pydantic import Field
 from shared.diffusion import MAX_SEED, DiffusionParams, OutputFormat, Size, StepCache, StepCacheMethod, parse_size
 from shared.errors import InvalidDiffusionParams
 from shared.frame_types import NonNegInt, PosInt, WireModel
+from shared.row_recipe import RowRecipe
 
 # How a limit of several DiTs combines into what every one of them can do (``DiffusionLimits.common``):
 # each limit field names its rule in its metadata.
@@ -212,9 +213,10 @@ class DitCapabilities(WireModel):
     description: str
     # The width of the rows this DiT is conditioned on (its joint_attention_dim).
     hidden_size: PosInt
-    # The AR layer whose rows it was trained on (its card's, else its checkpoint's text encoder's last; the AR's
-    # ``hidden_layer``); None: not known, any layer is taken. Absent from a DiT that predates it.
-    hidden_layer: NonNegInt | None = None
+    # How its rows are read from the AR's model (its card's, ``shared.row_recipe``): the AR captures exactly that.
+    # None: not known (a DiT-only folder without a card), any one layer is taken.
+    rows: RowRecipe | None = None
+    # The conditioning adapters it knows (``rows.conditioning`` is one of them where rows are known).
     conditioning: list[str]
     limits: DiffusionLimits
     defaults: DiffusionDefaults

@@ -18,10 +18,12 @@ from pydantic import AfterValidator, Field, model_validator
 from shared.diffusion import DiffusionParams
 from shared.errors import MalformedFrame, UnsupportedSchemaVersion
 from shared.frame_types import NonNegInt, PosInt, WireModel, model_of_kind
+from shared.row_recipe import MAX_LAYERS
 from shared.tensor_codec import TOKEN_ID_BYTES
 
-# Version 3 added image edits (``open.edit`` and the ``pixels`` frame); see HANDOFF_SPEC.md.
-SCHEMA_VERSION = 3
+# Version 3 added image edits (``open.edit`` and the ``pixels`` frame); version 4 rows of several layers
+# (``open.layers`` for ``open.layer``); see HANDOFF_SPEC.md.
+SCHEMA_VERSION = 4
 
 StreamName = Literal["cond", "uncond"]
 # The public API's parameter each stream's text comes from: both services name it in their refusals.
@@ -91,8 +93,9 @@ class OpenFrame(WireModel):
     conditioning: Annotated[str, Field(min_length=1, max_length=64)]
     dtype: str
     hidden_size: PosInt
-    # Which decoder layer the rows come from; a DiT that knows the layer it was trained on refuses another.
-    layer: int
+    # The decoder layers each row holds side by side, in this order (``shared.row_recipe``): ``hidden_size`` is
+    # their count times the text encoder's width. A DiT that knows the layers it was trained on refuses others.
+    layers: Annotated[list[NonNegInt], Field(min_length=1, max_length=MAX_LAYERS)]
     final_norm: bool
     # "cond" is required; "uncond" present means a CFG negative stream follows.
     streams: dict[StreamName, StreamSpec]

@@ -166,7 +166,7 @@ class HiddenStateConnector(KVConnectorBase_V1, SupportsHMA):
 
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config: VllmConfig) -> str | None:
-        return None  # with one captured layer every layout keeps a token's row contiguous
+        return None  # rows are gathered by their logical index (block, layer, slot), whatever the layout
 
     def shutdown(self) -> None:
         if self._worker is not None:

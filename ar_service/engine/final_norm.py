@@ -16,8 +16,8 @@ import torch
 from safetensors import safe_open
 
 # The final norm's weight under the key layouts checkpoints are saved with (a multimodal model saved by
-# transformers >= 4.52 may nest its language model).
-NORM_WEIGHT_KEYS = ("model.norm.weight", "model.language_model.norm.weight")
+# transformers >= 4.52 may nest its language model; a bare decoder, Z-Image's ``Qwen3Model``, has no prefix).
+NORM_WEIGHT_KEYS = ("model.norm.weight", "model.language_model.norm.weight", "norm.weight")
 
 
 class FinalNorm:

@@ -29,7 +29,7 @@ from vllm.v1.engine.exceptions import EngineDeadError
 from ar_service.engine.connector import ROW_COUNT_KEY, ROW_QUEUE_KEY, HiddenStateConnector
 from ar_service.engine.row_channel import RowChannel, RowChunk, RowQueue
 from ar_service.engine.text_model import TextModel, TextModelError
-from ar_service.settings import DEMO_HIDDEN_LAYER, ArSettings
+from ar_service.settings import ArSettings
 from services.heap import IdleRelease, collect_free_pages
 from services.tracing import current_traceparent, otlp_traces_endpoint
 
@@ -61,7 +61,7 @@ class EngineRequest:
 @dataclass(frozen=True)
 class RowsEvent:
     start: int
-    rows: torch.Tensor  # [n, hidden], source dtype, post-norm when configured
+    rows: torch.Tensor  # [n, row width], source dtype, post-norm when configured
     token_ids: list[int]
 
 
@@ -89,16 +89,25 @@ class HiddenStateEngine:
     def __init__(self, settings: ArSettings) -> None:
         self.settings = settings
         self.text_model = TextModel.read(settings.model_dir)
-        self.layer = captured_layer(settings.hidden_layer, self.text_model)
+        # How rows are read: the card of the pipeline folder served, else the demo's, as the settings override it.
+        self.rows = settings.rows(self.text_model.card_rows)
         layers = self.text_model.num_hidden_layers
-        if self.layer > layers:
-            raise TextModelError(f"hidden_layer {self.layer}: {settings.model_dir} has {layers} layers")
+        if max(self.rows.layers) > layers:
+            raise TextModelError(f"layers {self.rows.layers}: {settings.model_dir} has {layers} layers")
+        if self.rows.layers != sorted(set(self.rows.layers)):
+            # vLLM captures the layers in the order the model runs them, whatever order it is given.
+            raise TextModelError(f"layers {self.rows.layers}: captured rows stack layers in increasing order")
         self.dtype = getattr(torch, settings.engine_dtype)
         self._engine: AsyncLLM | None = None
         self._channel: RowChannel | None = None
         self._socket_dir: tempfile.TemporaryDirectory[str] | None = None
         self._core_returns_pages = False
         self.idle_release = IdleRelease(settings.release_memory_idle_seconds, self._return_free_pages)
+
+    @property
+    def row_width(self) -> int:
+        """The width of a captured row: each of its layers' outputs side by side."""
+        return len(self.rows.layers) * self.text_model.hidden_size
 
     @property
     def block_size(self) -> int:
@@ -164,20 +173,21 @@ class HiddenStateEngine:
             self._core_returns_pages = True
         if s.kv_cache_bytes is None:  # sized in tokens once vLLM has chosen the block size
             cache = config.cache_config
-            cache.kv_cache_memory_bytes = s.kv_cache_tokens(cache.block_size) * _kv_bytes_per_token(config, self.dtype)
+            per_token = _kv_bytes_per_token(config, self.dtype, len(self.rows.layers))
+            cache.kv_cache_memory_bytes = s.kv_cache_tokens(cache.block_size) * per_token
         # The engine core's start-up is the AR's largest (weights, KV cache): what this process's own start-up
         # freed goes back first, so that the two do not add up in the peak.
         collect_free_pages()
         self._engine = AsyncLLM.from_vllm_config(config, disable_log_stats=False)
         log.info(
-            "engine up in %.1fs: %s, block size %d, prefix caching %s, capture %s (layer %d, final norm %s)",
+            "engine up in %.1fs: %s, block size %d, prefix caching %s, capture %s (layers %s, final norm %s)",
             time.perf_counter() - started,
             s.model_dir.name,
             self.block_size,
             s.enable_prefix_caching,
             s.capture_hidden_states,
-            self.layer,
-            s.final_norm,
+            self.rows.layers,
+            self.rows.final_norm,
         )
 
     def _capture_config(self) -> dict[str, Any]:
@@ -188,7 +198,7 @@ class HiddenStateEngine:
             "speculative_config": {
                 "method": "extract_hidden_states",
                 "num_speculative_tokens": 1,
-                "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [self.layer]}},
+                "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": self.rows.layers}},
             },
             "kv_transfer_config": {
                 "kv_connector": HiddenStateConnector.__name__,
@@ -196,7 +206,7 @@ class HiddenStateEngine:
                 "kv_role": "kv_producer",
                 "kv_connector_extra_config": {
                     "rows_endpoint": self._channel.endpoint,
-                    "final_norm": self.settings.final_norm,
+                    "final_norm": self.rows.final_norm,
                     "without_draft": self.settings.capture_without_draft,
                 },
             },
@@ -411,15 +421,8 @@ class _EngineRun:
         self._tokens.clear()
 
 
-def captured_layer(setting: int | None, text_model: TextModel) -> int:
-    """The layer whose rows are captured: the setting's, else the pipeline folder's card's, else the demo DiT's."""
-    if setting is not None:
-        return setting
-    return text_model.card_layer if text_model.card_layer is not None else DEMO_HIDDEN_LAYER
-
-
-def _kv_bytes_per_token(config: VllmConfig, dtype: torch.dtype) -> int:
-    """What one token takes in the KV cache: its keys and values in every layer, and its captured row."""
+def _kv_bytes_per_token(config: VllmConfig, dtype: torch.dtype, captured_layers: int) -> int:
+    """What one token takes in the KV cache: its keys and values in every layer, and its captured layers' rows."""
     model, parallel = config.model_config, config.parallel_config
     keys_and_values = 2 * model.get_num_layers(parallel) * model.get_num_kv_heads(parallel) * model.get_head_size()
-    return (keys_and_values + model.get_hidden_size()) * dtype.itemsize
+    return (keys_and_values + captured_layers * model.get_hidden_size()) * dtype.itemsize

@@ -37,7 +37,7 @@ class RowReader:
         layers = list(get_layers_from_vllm_config(self._vllm_config, CacheOnlyAttentionLayer, list(kv_caches)))
         if len(layers) != 1:
             raise RuntimeError(f"expected one cache-only hidden-state layer, found {layers}")
-        # [num_blocks, num_captured_layers, block_size, hidden]; one captured layer here.
+        # [num_blocks, num_captured_layers, block_size, hidden]: a token's row is its layers side by side.
         self._kv = kv_caches[layers[0]]
         if self._kv.shape[2] != self._block_size:
             raise RuntimeError(
@@ -56,11 +56,14 @@ class RowReader:
             raise RuntimeError("rows to read before register_kv_caches")
         if read.slots:
             slots = torch.tensor(read.slots, dtype=torch.long, device=self._kv.device)
-            rows = self._kv[slots // self._block_size, 0, slots % self._block_size]  # gathered copy
+            rows = self._kv[
+                slots // self._block_size, :, slots % self._block_size
+            ]  # gathered copy, [n, layers, hidden]
             if self._norm is not None:
-                rows = self._norm(rows)
+                rows = self._norm(rows)  # each layer's part on its own, as the model would norm that layer's output
+            rows = rows.reshape(rows.shape[0], -1)
         else:
-            rows = self._kv.new_empty((0, self._kv.shape[-1]))
+            rows = self._kv.new_empty((0, self._kv.shape[1] * self._kv.shape[-1]))
         if self._async_copy is not None:
             self._async_copy.submit(read, rows)
         else:

@@ -5,9 +5,10 @@ place, as SmolLM2's) or a diffusers pipeline folder that ships its text encoder 
 published, ``text_encoder/`` and ``tokenizer/`` beside the DiT's parts — read in place, so the AR and
 the DiT can be given the same folder.
 
-A multimodal text encoder (a config with a ``vision_config``) is served text-only, by its text tower
-(``text_towers``). Everything a start needs is checked here, before vLLM runs, so that a folder that
-cannot serve fails in one line that names what is missing (``TextModelError``).
+A text encoder vLLM cannot serve as published (a multimodal one, a config with a ``vision_config``; a bare
+decoder such as Z-Image's ``Qwen3Model``) is served text-only, by its text tower (``text_towers``).
+Everything a start needs is checked here, before vLLM runs, so that a folder that cannot serve fails in one
+line that names what is missing (``TextModelError``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 from ar_service.engine.text_towers import TEXT_TOWERS, text_only_overrides
 from services.model_card import PIPELINE_INDEX, ModelCard
+from shared.row_recipe import RowRecipe
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 
@@ -34,10 +36,10 @@ class TextModel:
     architecture: str
     hidden_size: int
     num_hidden_layers: int
-    # The architecture vLLM serves a multimodal checkpoint's language model as; None: served as it is.
+    # The architecture vLLM serves the checkpoint's language model as; None: served as it is.
     text_tower: str | None
-    # The layer the pipeline folder's model card names (its DiT was trained on it); None: not a pipeline folder.
-    card_layer: int | None = None
+    # How the pipeline folder's model card reads rows (its DiT was trained on them); None: not a pipeline folder.
+    card_rows: RowRecipe | None = None
 
     @classmethod
     def read(cls, model_dir: Path) -> TextModel:
@@ -48,17 +50,15 @@ class TextModel:
         if pipeline:
             weights_dir, tokenizer_dir = _pipeline_text_encoder(model_dir)
         config = _json(weights_dir / "config.json", "the text model's config")
-        card_layer = ModelCard.read(model_dir).hidden_layer if pipeline else None
+        card_rows = _card_rows(model_dir) if pipeline else None
         text = config.get("text_config") or config
         architecture = (config.get("architectures") or ["?"])[0]
-        tower = None
-        if "vision_config" in config:
-            if architecture not in TEXT_TOWERS:
-                known = ", ".join(TEXT_TOWERS)
-                raise TextModelError(
-                    f"{weights_dir} is multimodal ({architecture}) with no text-only tower here (known: {known})"
-                )
-            tower = TEXT_TOWERS[architecture][0]
+        tower = TEXT_TOWERS[architecture][0] if architecture in TEXT_TOWERS else None
+        if "vision_config" in config and tower is None:
+            known = ", ".join(TEXT_TOWERS)
+            raise TextModelError(
+                f"{weights_dir} is multimodal ({architecture}) with no text-only tower here (known: {known})"
+            )
         if not any(weights_dir.glob("*.safetensors")):
             raise TextModelError(f"{weights_dir} has no *.safetensors weights")
         if not any((tokenizer_dir / name).exists() for name in TOKENIZER_FILES):
@@ -67,7 +67,7 @@ class TextModel:
             if not isinstance(text.get(key), int):
                 raise TextModelError(f"{weights_dir}/config.json gives no {key}")
         shape = text["hidden_size"], text["num_hidden_layers"]
-        return cls(weights_dir, tokenizer_dir, architecture, *shape, text_tower=tower, card_layer=card_layer)
+        return cls(weights_dir, tokenizer_dir, architecture, *shape, text_tower=tower, card_rows=card_rows)
 
     def engine_args(self) -> dict[str, Any]:
         """vLLM engine arguments that say which model to serve and how. The AR tokenizes prompts itself
@@ -79,6 +79,13 @@ class TextModel:
         if self.text_tower is not None:
             args["hf_overrides"] = text_only_overrides
         return args
+
+
+def _card_rows(model_dir: Path) -> RowRecipe | None:
+    try:
+        return ModelCard.read(model_dir).rows
+    except ValueError as exc:
+        raise TextModelError(f"the model card: {exc}") from None
 
 
 def _pipeline_text_encoder(model_dir: Path) -> tuple[Path, Path]:

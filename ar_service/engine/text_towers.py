@@ -1,7 +1,8 @@
-"""The language model of a multimodal text encoder, served by vLLM as a text-only model.
+"""Text encoders vLLM cannot serve as they are published, each served by vLLM as a text-only causal model.
 
-Qwen-Image's text encoder is Qwen2.5-VL: a vision tower and a Qwen2 language model. The AR only ever
-feeds it text, so it serves the language model alone, under an architecture of its own:
+Z-Image's text encoder is transformers' ``Qwen3Model``, a decoder without an LM head, which vLLM serves only as a
+pooling model (``qwen3_decoder``). Qwen-Image's is Qwen2.5-VL: a vision tower and a Qwen2 language model. The AR
+only ever feeds it text, so it serves the language model alone, under an architecture of its own:
 
 - vLLM's ``Qwen2_5_VLForConditionalGeneration`` cannot be imported without torchvision (its module
   imports transformers' Qwen2-VL image processor), and PyPI's torchvision is a CUDA build that does
@@ -22,13 +23,16 @@ from __future__ import annotations
 
 from typing import Any
 
-# Multimodal architecture -> the text-only architecture its language model is served as, and where that lives.
+# A published architecture -> the text-only architecture it is served as, and where that lives.
 TEXT_TOWERS = {
     "Qwen2_5_VLForConditionalGeneration": (
         "ArditQwen2_5_VLTextTower",
         "ar_service.engine.qwen2_5_vl_text:Qwen2_5_VLTextTower",
     ),
+    "Qwen3Model": ("ArditQwen3Decoder", "ar_service.engine.qwen3_decoder:Qwen3Decoder"),
 }
+# Towers of a checkpoint without an LM head: the head is the embedding, tied (the sampled token is never read).
+HEADLESS = {"Qwen3Model"}
 
 
 def register() -> None:
@@ -43,10 +47,13 @@ def text_only_overrides(config: Any) -> Any:
     """vLLM's ``hf_overrides`` for a checkpoint served by its text tower: the tower's architecture, and 1-D
     RoPE (text-only positions are equal in every M-RoPE section). vLLM also calls it on a blank config
     (to read the model type it gives), which it returns as it is."""
-    tower = TEXT_TOWERS.get((getattr(config, "architectures", None) or [""])[0])
+    architecture = (getattr(config, "architectures", None) or [""])[0]
+    tower = TEXT_TOWERS.get(architecture)
     if tower is None:
         return config
     config.architectures = [tower[0]]
+    if architecture in HEADLESS:
+        config.tie_word_embeddings = True
     text = config.get_text_config()
     if not hasattr(text, "tie_word_embeddings"):
         # transformers 5 keeps it on the top-level config only, where a hub-style (flat) config.json puts it.

@@ -107,6 +107,7 @@ from deploy.checkpoints import colour_decoys, demo_scenes, prompt_grammar, qwen_
 from deploy.checkpoints.build_tiny_qwen_image import SCHEDULER_CONFIG
 from deploy.checkpoints.demo_rows import PromptRows
 from dit_service.capabilities import FALLBACK_NEGATIVE_PROMPT
+from shared.row_recipe import QWEN_IMAGE_TEMPLATE
 
 TORCH_THREADS = 2
 IMAGES = 30_000
@@ -523,7 +524,7 @@ def model_card(vae: AutoencoderKLQwenImage, transformer: QwenImageTransformer2DM
         # Its ops are too small to split: one thread served 1.06-1.16x the images/min of one per core in all six
         # peer_compare cells on 2 cores, and freed the other core for the AR (benchmarks/results/peer_compare.md).
         "cpu_threads": 1,
-        "hidden_layer": args.hidden_layer,
+        "rows": {"layers": [args.hidden_layer]},
     }
 
 
@@ -625,7 +626,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     clock = phase_done("scenes", clock)
 
-    encoder = PromptRows(args.ar_model.expanduser(), ArSettings().prompt_template, args.hidden_layer)
+    encoder = PromptRows(args.ar_model.expanduser(), QWEN_IMAGE_TEMPLATE, args.hidden_layer)
     rows = encoder.rows(wordings.texts)
     null_rows = encoder.rows([NULL_PROMPT])[0]
     decoys = (

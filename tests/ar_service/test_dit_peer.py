@@ -8,13 +8,16 @@ import aiohttp
 from aiohttp import web
 
 from ar_service.dit_peer import DitPeer
+from shared.row_recipe import RowRecipe
 from tests.support.capabilities import DIT
 from tests.support.fake_dit import Handler, fake_dit, ready
 from tests.support.ports import free_port
 
+AR_ROWS = RowRecipe(layers=[8])
+
 
 def peer_at(session: aiohttp.ClientSession, url: str) -> DitPeer:
-    return DitPeer(session, url, hidden_size=576, layer=8, conditioning="qwen_image")
+    return DitPeer(session, url, rows=AR_ROWS, row_width=576)
 
 
 def state_of(handler: Handler):
@@ -44,10 +47,18 @@ def test_a_dit_for_other_rows_is_not_ready_with_the_reason():
 
 
 def test_a_dit_trained_on_another_layers_rows_is_not_ready_with_the_reason_and_one_that_names_none_is():
-    state = state_of(answering(ready(DIT.model_copy(update={"hidden_layer": 30}))))
-    assert not state.ready and "layer 30" in state.reason and "layer 8" in state.reason
-    assert state_of(answering(ready(DIT.model_copy(update={"hidden_layer": 8})))).ready
-    assert state_of(answering(ready(DIT.model_copy(update={"hidden_layer": None})))).ready
+    state = state_of(answering(ready(DIT.model_copy(update={"rows": RowRecipe(layers=[30])}))))
+    assert not state.ready and "[8]" in state.reason and "[30]" in state.reason
+    assert state_of(answering(ready(DIT.model_copy(update={"rows": AR_ROWS})))).ready
+    assert state_of(answering(ready(DIT.model_copy(update={"rows": None})))).ready
+
+
+def test_a_dit_reading_rows_otherwise_than_this_ar_is_not_ready_naming_each_difference():
+    other = RowRecipe(layers=[8], final_norm=False, template=None, chat_template_kwargs={"enable_thinking": True})
+    state = state_of(answering(ready(DIT.model_copy(update={"rows": other}))))
+    assert not state.ready
+    for part in ("final_norm True (not False)", "template", "chat_template_kwargs {} (not {'enable_thinking': True})"):
+        assert part in state.reason
 
 
 def test_not_ready_or_silent_dits_are_not_ready():

@@ -14,6 +14,7 @@ from aiohttp import web
 from ar_service.dit_pool import DitPool
 from ar_service.handoff_client import DitBusy, DitUnavailable
 from shared.result_frames import DoneFrame, encode_result
+from shared.row_recipe import RowRecipe
 from tests.ar_service.test_handoff_body import body_of, run_of
 from tests.support.capabilities import DIT
 from tests.support.fake_dit import fake_dit, ready
@@ -26,9 +27,8 @@ def pool_of(*urls: str) -> DitPool:
         token="t",
         deadline_seconds=5.0,
         stall_seconds=5.0,
-        hidden_size=576,
-        layer=30,
-        conditioning="qwen_image",
+        rows=RowRecipe(layers=[30]),
+        row_width=576,
     )
 
 

@@ -33,7 +33,7 @@ def encoder(uncond: bool = False) -> HandoffEncoder:
             conditioning="qwen_image",
             dtype="float32",
             hidden_size=HIDDEN,
-            layer=1,
+            layers=[1],
             final_norm=True,
             streams=streams,
             diffusion=DiffusionParams(width=16, height=16, num_inference_steps=2, guidance_scale=1.0, seed=0),

@@ -2,6 +2,7 @@ import pytest
 
 from ar_service.prompt_builder import PromptBuilder
 from ar_service.settings import ArSettings
+from shared.row_recipe import QWEN_IMAGE_TEMPLATE
 from tests.conftest import require_checkpoint
 
 
@@ -13,10 +14,10 @@ def settings() -> ArSettings:
 
 
 def test_prefix_tokens_are_exactly_the_template_before_the_prompt(settings):
-    builder = PromptBuilder.from_model_dir(settings.model_dir, settings.prompt_template)
+    builder = PromptBuilder.from_model_dir(settings.model_dir, QWEN_IMAGE_TEMPLATE)
     built = builder.build("a red fox in the snow")
     prefix = builder.tokenizer.decode(built.token_ids[: built.prefix_tokens])
-    assert prefix == settings.prompt_template.split("{}")[0]
+    assert prefix == QWEN_IMAGE_TEMPLATE.split("{}")[0]
     assert builder.decode(built.token_ids[built.prefix_tokens :]).startswith("a red fox in the snow")
     # Qwen-Image's system prefix is 34 SmolLM2 tokens: the rows the DiT drops.
     assert built.prefix_tokens == 34

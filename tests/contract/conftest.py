@@ -21,7 +21,7 @@ def make_open(
         conditioning="qwen_image",
         dtype=dtype,
         hidden_size=hidden,
-        layer=30,
+        layers=[30],
         final_norm=True,
         streams=streams,
         diffusion=DiffusionParams(width=64, height=64, num_inference_steps=2, guidance_scale=1.0, seed=0),

@@ -1,8 +1,9 @@
 """The golden handoff: a small fixed stream whose bytes are committed under golden/.
 
 The test re-encodes these frames and compares byte for byte, so any change to the wire format
-shows up as a failing test. One stream per row dtype (text to image, with CFG), and one image edit
-(open.edit, the image and mask pixels frames, and a step cache). Regenerate only on purpose (a schema change), with:
+shows up as a failing test. One stream per row dtype (text to image, with CFG; bfloat16's rows hold two layers
+side by side, 2 wide each, as FLUX.2 [klein]'s hold three), and one image edit (open.edit, the image and mask
+pixels frames, and a step cache). Regenerate only on purpose (a schema change), with:
 
     python -m tests.contract.golden_frames --write
 """
@@ -32,14 +33,15 @@ def golden_rows(dtype: torch.dtype, n: int, offset: int = 0) -> torch.Tensor:
 def golden_stream(dtype: torch.dtype) -> list[list[Buffer]]:
     """open, rows (cond, 2 frames), rows (uncond), close — one list of buffers per frame group."""
     wire = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}[dtype]
+    layers = [14, 28] if dtype == torch.bfloat16 else [30]
     open_frame = OpenFrame(
         request_id="req_golden",
         model="smollm2-135m-instruct",
         conditioning="qwen_image",
         dtype=wire,
         hidden_size=HIDDEN,
-        layer=30,
-        final_norm=True,
+        layers=layers,
+        final_norm=len(layers) == 1,
         streams={
             "cond": StreamSpec(prompt_tokens=3, max_rows=4, prefix_tokens=1),
             "uncond": StreamSpec(prompt_tokens=2, max_rows=2, prefix_tokens=1),
@@ -83,7 +85,7 @@ def golden_edit_stream() -> list[list[Buffer]]:
         conditioning="qwen_image",
         dtype="float32",
         hidden_size=HIDDEN,
-        layer=30,
+        layers=[30],
         final_norm=True,
         streams={"cond": StreamSpec(prompt_tokens=3, max_rows=3, prefix_tokens=1)},
         diffusion=DiffusionParams(

@@ -12,6 +12,7 @@ from ar_service.settings import DEMO_HIDDEN_LAYER, ArSettings
 from deploy.checkpoints import colour_decoys
 from deploy.checkpoints.demo_rows import PromptRows
 from deploy.checkpoints.prompt_grammar import COLOUR_WORDS
+from shared.row_recipe import QWEN_IMAGE_TEMPLATE
 
 TEXTS = [
     "a red circle on a blue background, in the top left",
@@ -38,7 +39,7 @@ def test_a_decoy_word_keeps_the_casing_of_the_word_it_replaces():
 @pytest.fixture(scope="module")
 def encoder() -> PromptRows:
     settings = ArSettings()
-    return PromptRows(settings.model_dir, settings.prompt_template, DEMO_HIDDEN_LAYER)
+    return PromptRows(settings.model_dir, QWEN_IMAGE_TEMPLATE, DEMO_HIDDEN_LAYER)
 
 
 @pytest.mark.slow

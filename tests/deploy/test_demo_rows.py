@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from deploy.checkpoints.demo_rows import PromptRows
+from shared.row_recipe import QWEN_IMAGE_TEMPLATE
 from tests.ar_service.engine.engine_runs import run_engine
 
 pytestmark = pytest.mark.slow
@@ -22,7 +23,7 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def prompt_rows(stack) -> PromptRows:
-    return PromptRows(stack.settings.model_dir, stack.settings.prompt_template, stack.runtime.engine.layer)
+    return PromptRows(stack.settings.model_dir, QWEN_IMAGE_TEMPLATE, *stack.runtime.engine.rows.layers)
 
 
 def test_rows_after_the_template_prefix_equal_what_the_engine_streams(stack, fp32_engine, prompt_rows):

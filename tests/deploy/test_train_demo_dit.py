@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 import torch
 
-from ar_service.engine.hidden_state_engine import captured_layer
 from ar_service.engine.text_model import TextModel
 from ar_service.settings import DEMO_HIDDEN_LAYER, ArSettings
 from deploy.checkpoints import demo_scenes, prompt_grammar
@@ -114,5 +113,6 @@ def test_the_committed_demo_model_was_trained_on_the_layer_the_ar_streams_by_def
     committed = Path(__file__).parents[2] / "deploy" / "checkpoints" / "ardit-demo"
     record = json.loads((committed / "training_record.json").read_text())
     language_model_folder = TextModel(Path("smollm2"), Path("smollm2"), "LlamaForCausalLM", 576, 30, text_tower=None)
-    assert captured_layer(ArSettings().hidden_layer, language_model_folder) == DEMO_HIDDEN_LAYER
-    assert ModelCard.read(committed).hidden_layer == record["hidden_layer"] == DEMO_HIDDEN_LAYER
+    assert ArSettings().rows(language_model_folder.card_rows).layers == [DEMO_HIDDEN_LAYER]
+    card = ModelCard.read(committed)
+    assert card.rows is not None and card.rows.layers == [record["hidden_layer"]] == [DEMO_HIDDEN_LAYER]

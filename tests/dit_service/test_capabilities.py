@@ -12,6 +12,7 @@ from dit_service.model import ModelFacts
 from dit_service.settings import DitSettings
 from services.model_card import ModelCard
 from shared.diffusion import FirstBlockCache
+from shared.row_recipe import RowRecipe
 
 FACTS = ModelFacts(
     joint_attention_dim=576, size_multiple=16, min_inference_steps=2, dtype=torch.float32, device=torch.device("cpu")
@@ -24,7 +25,7 @@ def model(card: ModelCard | None = None):
 
 def test_limits_come_from_settings_and_the_model():
     caps = dit_capabilities(DitSettings(max_pixels=65536, max_sequence_length=77, pipeline_queue_size=2), model())
-    assert caps.hidden_size == 576 and caps.conditioning == ["qwen_image", "ar_generated"]
+    assert caps.hidden_size == 576 and caps.conditioning == ["qwen_image", "every_row", "ar_generated"]
     assert (caps.limits.size_multiple, caps.limits.min_inference_steps) == (16, 2)
     assert (caps.limits.max_pixels, caps.limits.max_conditioning_rows) == (65536, 77)
     assert caps.capacity.max_admitted == 1 + 2
@@ -75,9 +76,10 @@ def test_the_settings_sizes_replace_the_cards_and_an_empty_list_draws_any_size()
     assert anything.limits.sizes is None and anything.defaults.width == 64
 
 
-def test_the_cards_hidden_layer_is_announced_and_a_card_without_one_announces_none():
-    assert dit_capabilities(DitSettings(), model(ModelCard(hidden_layer=8))).hidden_layer == 8
-    assert dit_capabilities(DitSettings(), model()).hidden_layer is None
+def test_the_cards_row_recipe_is_announced_and_a_card_without_one_announces_none():
+    rows = RowRecipe(layers=[9, 18, 27], final_norm=False, template=None, conditioning="every_row")
+    assert dit_capabilities(DitSettings(), model(ModelCard(rows=rows))).rows == rows
+    assert dit_capabilities(DitSettings(), model()).rows is None
 
 
 def test_a_model_without_listed_sizes_announces_none():

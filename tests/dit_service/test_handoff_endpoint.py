@@ -324,13 +324,13 @@ def test_conditioning_mismatch_is_refused_at_open(dit_server, open_options, para
 
 
 def test_a_dit_whose_card_names_a_layer_announces_it_refuses_rows_of_another_and_renders_that_layers(layer_8_server):
-    assert httpx.get(f"{layer_8_server.url}/readyz").json()["capabilities"]["hidden_layer"] == 8
+    assert httpx.get(f"{layer_8_server.url}/readyz").json()["capabilities"]["rows"]["layers"] == [8]
     for layer in (7, 30):
-        refused = post_handoff(layer_8_server.url, complete_handoff(hidden_rows(ROWS), layer=layer))
+        refused = post_handoff(layer_8_server.url, complete_handoff(hidden_rows(ROWS), layers=(layer,)))
         assert refused.status == 422
-        assert refused.refusal["code"] == "conditioning_mismatch" and refused.refusal["param"] == "layer"
+        assert refused.refusal["code"] == "conditioning_mismatch" and refused.refusal["param"] == "layers"
         assert_released(layer_8_server.url)
-    answer = post_handoff(layer_8_server.url, complete_handoff(hidden_rows(ROWS), layer=8))
+    answer = post_handoff(layer_8_server.url, complete_handoff(hidden_rows(ROWS), layers=(8,)))
     assert answer.status == 200, answer.error
 
 

@@ -1,17 +1,23 @@
-"""services/model_card.py: what a checkpoint says about itself, the layer it was trained on, and the
-defaults its authors publish."""
+"""services/model_card.py: what a checkpoint says about itself, how its rows are read from its text encoder, and
+the defaults its authors publish."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import pytest
+
 from services.model_card import MODEL_CARD_FILE, ModelCard
+from shared.row_recipe import QWEN_IMAGE_TEMPLATE, RowRecipe
 
 # What Qwen/Qwen-Image ships in text_encoder/config.json (the fields read here), older and newer transformers.
 QWEN_VL = ["Qwen2_5_VLForConditionalGeneration"]
 QWEN_IMAGE_TEXT_ENCODER = {"architectures": QWEN_VL, "num_hidden_layers": 28}
 NESTED_TEXT_ENCODER = {"architectures": QWEN_VL, "text_config": {"num_hidden_layers": 28}}
+# Z-Image's text encoder (transformers' Qwen3Model, Qwen3-4B's 36 layers) and FLUX.2 [klein] 4B's.
+Z_IMAGE_TEXT_ENCODER = {"architectures": ["Qwen3Model"], "num_hidden_layers": 36}
+FLUX2_KLEIN_TEXT_ENCODER = {"architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": 36}
 
 
 def checkpoint(
@@ -31,18 +37,59 @@ def test_a_checkpoint_with_neither_card_nor_text_encoder_names_no_layer(tmp_path
     assert ModelCard.read(checkpoint(tmp_path)) == ModelCard()
 
 
-def test_a_real_qwen_image_without_a_card_names_its_text_encoders_last_layer(tmp_path):
-    assert ModelCard.read(checkpoint(tmp_path, text_encoder=QWEN_IMAGE_TEXT_ENCODER)).hidden_layer == 28
+def layers(card: ModelCard) -> list[int] | None:
+    return None if card.rows is None else card.rows.layers
+
+
+def test_a_real_qwen_image_without_a_card_reads_its_text_encoders_last_layer_after_the_norm(tmp_path):
+    read = ModelCard.read(checkpoint(tmp_path, text_encoder=QWEN_IMAGE_TEXT_ENCODER))
+    assert read.rows == RowRecipe(layers=[28], final_norm=True, template=QWEN_IMAGE_TEMPLATE, conditioning="qwen_image")
 
 
 def test_the_layer_count_is_found_in_a_nested_text_config_too(tmp_path):
-    assert ModelCard.read(checkpoint(tmp_path, text_encoder=NESTED_TEXT_ENCODER)).hidden_layer == 28
+    assert layers(ModelCard.read(checkpoint(tmp_path, text_encoder=NESTED_TEXT_ENCODER))) == [28]
 
 
 def test_a_card_that_names_a_layer_wins_over_the_text_encoder(tmp_path):
-    card = {"description": "fine-tuned on layer 20", "hidden_layer": 20}
+    card = {"description": "fine-tuned on layer 20", "rows": {"layers": [20]}}
     read = ModelCard.read(checkpoint(tmp_path, card=card, text_encoder=QWEN_IMAGE_TEXT_ENCODER))
-    assert (read.hidden_layer, read.description) == (20, "fine-tuned on layer 20")
+    assert (layers(read), read.description) == ([20], "fine-tuned on layer 20")
+
+
+def test_a_card_counting_layers_from_the_end_is_read_against_its_text_encoder(tmp_path):
+    card = {"rows": {"layers": [-2, -1]}}
+    assert layers(ModelCard.read(checkpoint(tmp_path, card=card, text_encoder=QWEN_IMAGE_TEXT_ENCODER))) == [27, 28]
+
+
+def test_a_card_naming_a_layer_its_text_encoder_lacks_is_refused_at_start_naming_it(tmp_path):
+    card = {"rows": {"layers": [9, 18, 29]}}
+    with pytest.raises(ValueError, match=r"layers \[29\]: the text encoder has 28 layers"):
+        ModelCard.read(checkpoint(tmp_path, card=card, text_encoder=QWEN_IMAGE_TEXT_ENCODER))
+
+
+def test_a_card_counting_from_the_end_without_a_text_encoder_to_count_is_refused_at_start(tmp_path):
+    with pytest.raises(ValueError, match="ships no text encoder"):
+        ModelCard.read(checkpoint(tmp_path, card={"rows": {"layers": [-2]}}))
+
+
+def test_z_image_as_published_reads_the_layer_before_the_last_before_the_norm_through_its_chat_template(tmp_path):
+    read = ModelCard.read(checkpoint(tmp_path, text_encoder=Z_IMAGE_TEXT_ENCODER, pipeline="ZImagePipeline"))
+    assert read.rows == RowRecipe(
+        layers=[35],  # hidden_states[-2]
+        final_norm=False,
+        template=None,
+        chat_template_kwargs={"enable_thinking": True},
+        conditioning="every_row",
+    )
+    assert (read.default_size, read.default_num_inference_steps, read.default_guidance_scale) == ("1024x1024", 9, 0)
+
+
+def test_flux2_klein_as_published_reads_three_layers_side_by_side_through_its_chat_template(tmp_path):
+    folder = checkpoint(tmp_path, text_encoder=FLUX2_KLEIN_TEXT_ENCODER, pipeline="Flux2KleinPipeline")
+    read = ModelCard.read(folder)
+    assert read.rows is not None and read.rows.layers == [9, 18, 27] and not read.rows.final_norm
+    assert (read.rows.chat_template_kwargs, read.rows.conditioning) == ({"enable_thinking": False}, "every_row")
+    assert (read.default_size, read.default_num_inference_steps, read.default_guidance_scale) == ("1024x1024", 4, 1)
 
 
 def test_a_card_may_name_the_cpu_threads_its_model_renders_fastest_with(tmp_path):
@@ -52,7 +99,7 @@ def test_a_card_may_name_the_cpu_threads_its_model_renders_fastest_with(tmp_path
 def test_qwen_image_as_published_is_served_with_its_authors_defaults(tmp_path):
     read = ModelCard.read(checkpoint(tmp_path, text_encoder=QWEN_IMAGE_TEXT_ENCODER, pipeline="QwenImagePipeline"))
     assert (read.default_guidance_scale, read.default_negative_prompt) == (4.0, " ")  # true_cfg_scale=4
-    assert (read.default_num_inference_steps, read.default_size, read.hidden_layer) == (50, "1328x1328", 28)
+    assert (read.default_num_inference_steps, read.default_size, layers(read)) == (50, "1328x1328", [28])
 
 
 def test_a_dit_only_folder_is_not_taken_for_the_published_model(tmp_path):
@@ -64,4 +111,4 @@ def test_a_folders_own_card_replaces_the_published_defaults(tmp_path):
         tmp_path, card={"default_size": "64x64"}, text_encoder=QWEN_IMAGE_TEXT_ENCODER, pipeline="QwenImagePipeline"
     )
     read = ModelCard.read(folder)
-    assert (read.default_size, read.default_guidance_scale, read.hidden_layer) == ("64x64", None, 28)
+    assert (read.default_size, read.default_guidance_scale, layers(read)) == ("64x64", None, [28])

@@ -33,6 +33,7 @@ from services.drain import Drain
 from services.metrics import Families
 from services.slow_readers import SlowReaders
 from shared.capabilities import Load
+from shared.row_recipe import RowRecipe
 from tests.support.capabilities import DIT
 from tests.support.fake_dit import fake_dit, ready
 from tests.support.launched_pair import wait_for
@@ -61,9 +62,8 @@ async def ready_pair(engine_ready: bool = True) -> ArReadiness:
             token="t",
             deadline_seconds=5.0,
             stall_seconds=5.0,
-            hidden_size=DIT.hidden_size,
-            layer=30,
-            conditioning="qwen_image",
+            rows=RowRecipe(layers=[30]),
+            row_width=DIT.hidden_size,
         )
         await pool.refresh()
         await pool.state()

@@ -20,6 +20,7 @@ from ar_service.api.validation import (
     cache_salt,
     edit_strength,
 )
+from ar_service.engine.text_model import TextModel
 from ar_service.input_images import EditMemory
 from ar_service.prompt_builder import PromptBuilder
 from ar_service.settings import ArSettings
@@ -32,7 +33,8 @@ from tests.support.capabilities import DIT
 @pytest.fixture(scope="module")
 def validator() -> RequestValidator:
     settings = ArSettings(max_new_tokens_limit=16)
-    prompts = PromptBuilder.from_model_dir(require_checkpoint(settings.model_dir), settings.prompt_template)
+    text_model = TextModel.read(require_checkpoint(settings.model_dir))
+    prompts = PromptBuilder.of_text_model(text_model, settings.rows(text_model.card_rows))
     return RequestValidator(settings, prompts, EditMemory(settings.max_edit_memory_bytes))
 
 

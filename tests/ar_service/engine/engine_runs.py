@@ -35,7 +35,7 @@ async def run_engine(
         else:
             finished = event
     assert finished is not None
-    rows = torch.cat([e.rows for e in events]) if events else torch.empty(0, engine.text_model.hidden_size)
+    rows = torch.cat([e.rows for e in events]) if events else torch.empty(0, engine.row_width)
     return EngineRun(
         rows=rows,
         row_token_ids=[t for e in events for t in e.token_ids],

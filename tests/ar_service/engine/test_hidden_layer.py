@@ -1,5 +1,5 @@
 """ar_service/engine/hidden_state_engine.py: the captured layer is the setting's, one the model does not have
-is refused when the service is built, before vLLM starts."""
+is refused when the service is built, before vLLM starts; a pipeline folder's are its card's."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from ar_service.settings import ArSettings
 
 
 def test_the_engine_takes_any_layer_from_the_embeddings_to_the_models_last():
-    assert [HiddenStateEngine(ArSettings(hidden_layer=n)).layer for n in (0, 8, 30)] == [0, 8, 30]
+    assert [HiddenStateEngine(ArSettings(hidden_layer=n)).rows.layers for n in (0, 8, 30)] == [[0], [8], [30]]
 
 
 def test_a_negative_layer_is_refused_by_the_settings():

@@ -36,7 +36,8 @@ def copy_of(folder: Path, tmp_path: Path) -> Path:
 def test_a_qwen_image_folder_serves_its_text_encoder_text_only_at_its_last_layer(folder):
     text_model = TextModel.read(require_checkpoint(folder))
     assert (text_model.weights_dir, text_model.tokenizer_dir) == (folder / "text_encoder", folder / "tokenizer")
-    assert (text_model.hidden_size, text_model.num_hidden_layers, text_model.card_layer) == (128, 4, 4)
+    assert (text_model.hidden_size, text_model.num_hidden_layers) == (128, 4)
+    assert text_model.card_rows is not None and text_model.card_rows.layers == [4]
     assert text_model.text_tower == "ArditQwen2_5_VLTextTower"
     assert text_model.engine_args()["hf_overrides"] is text_only_overrides
 
@@ -47,7 +48,7 @@ def test_a_language_models_own_folder_is_served_as_it_is():
     folder = require_checkpoint(ArSettings().model_dir)
     text_model = TextModel.read(folder)
     assert (text_model.weights_dir, text_model.tokenizer_dir, text_model.text_tower) == (folder, folder, None)
-    assert text_model.card_layer is None
+    assert text_model.card_rows is None
     assert text_model.engine_args() == {"model": str(folder), "skip_tokenizer_init": True}
 
 
@@ -104,3 +105,16 @@ def test_a_multimodal_model_without_a_text_tower_is_refused(tmp_path):
     config_path.write_text(json.dumps(config))
     with pytest.raises(TextModelError, match=r"multimodal \(LlavaForConditionalGeneration\) with no text-only tower"):
         TextModel.read(folder)
+
+
+def test_z_images_bare_qwen3_decoder_is_served_as_a_causal_model_with_its_cards_recipe():
+    from transformers import AutoConfig
+
+    from services.checkpoints import Z_IMAGE_MODEL
+
+    folder = require_checkpoint(default_model_dir(Z_IMAGE_MODEL))
+    text_model = TextModel.read(folder)
+    assert (text_model.architecture, text_model.text_tower) == ("Qwen3Model", "ArditQwen3Decoder")
+    assert text_model.card_rows is not None and text_model.card_rows.layers == [3]  # hidden_states[-2] of 4
+    config = text_only_overrides(AutoConfig.from_pretrained(folder / "text_encoder"))
+    assert config.architectures == ["ArditQwen3Decoder"] and config.tie_word_embeddings is True
