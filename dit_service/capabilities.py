@@ -1,9 +1,11 @@
 """This DiT's announcement (``shared.capabilities``), built once from its settings and loaded model.
 
 Every limit comes from one place: the settings (operator's caps) or the model itself (size
-multiple, fewest steps, conditioning width). Defaults follow settings, then the model card, then
-fallbacks that suit any Qwen-Image. The sizes drawn are the settings' list, else the card's; where
-either lists sizes, ``auto`` is the first of them unless a default size is set.
+multiple, fewest steps, conditioning width, and what its family runs: ``dit_service.families``,
+whose guidance cap tightens the operator's; step caches, previews and edits are offered only where
+it runs them). Defaults follow settings, then the model card, then fallbacks that suit any
+Qwen-Image (guidance no higher than the family's cap). The sizes drawn are the settings' list, else
+the card's; where either lists sizes, ``auto`` is the first of them unless a default size is set.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from dit_service.image_encoder import ImageEncoder
 from dit_service.model import DitModel
 from dit_service.settings import DitSettings
 from shared.capabilities import DiffusionDefaults, DiffusionLimits, DitCapabilities, DitCapacity
-from shared.diffusion import STEP_CACHE_METHODS, parse_size
+from shared.diffusion import MAX_PARTIAL_IMAGES, STEP_CACHE_METHODS, parse_size
 from shared.errors import InvalidDiffusionParams
 
 FALLBACK_SIZE = "256x256"
@@ -24,16 +26,18 @@ FALLBACK_NEGATIVE_PROMPT = " "
 
 def dit_capabilities(settings: DitSettings, model: DitModel) -> DitCapabilities:
     """Raises ``ValueError`` if the configured defaults are outside the limits (a load failure)."""
-    facts, card = model.facts, model.card
-    # A step cache's hook state lives on the shared transformer: offered with one run at a time only.
-    one_run_at_a_time = settings.max_pipeline_runs == 1
+    facts, card, family = model.facts, model.card, model.family
+    # A step cache's hook state lives on the shared transformer: offered, where the family runs them, with one run
+    # at a time only.
+    step_caches = family.step_caches and settings.max_pipeline_runs == 1
+    max_guidance_scale = min(settings.max_guidance_scale, family.max_guidance_scale)
     sizes = card.sizes if settings.sizes is None else settings.sizes
     listed = sizes or None  # [] in the settings: any size, whatever the card lists
     default_size = settings.default_size or card.default_size or (listed[0] if listed else FALLBACK_SIZE)
     width, height = parse_size(default_size)
     capabilities = DitCapabilities(
         model=settings.model_dir.name,
-        description=card.description or f"a diffusers QwenImagePipeline loaded from {settings.model_dir.name}",
+        description=card.description or f"a diffusers {family.name} loaded from {settings.model_dir.name}",
         hidden_size=facts.joint_attention_dim,
         rows=card.rows,
         conditioning=ConditioningAdapters.names(),
@@ -42,12 +46,14 @@ def dit_capabilities(settings: DitSettings, model: DitModel) -> DitCapabilities:
             max_pixels=settings.max_pixels,
             min_inference_steps=facts.min_inference_steps,
             max_inference_steps=settings.max_inference_steps,
-            max_guidance_scale=settings.max_guidance_scale,
+            max_guidance_scale=max_guidance_scale,
             max_images=settings.max_images_per_handoff,
             max_conditioning_rows=settings.max_sequence_length,
             output_formats=ImageEncoder.supported(),
-            step_caches=list(STEP_CACHE_METHODS) if one_run_at_a_time else [],
+            step_caches=list(STEP_CACHE_METHODS) if step_caches else [],
             sizes=listed,
+            max_partial_images=MAX_PARTIAL_IMAGES if family.previews else 0,
+            edits=family.edits,
         ),
         defaults=DiffusionDefaults(
             width=width,
@@ -55,8 +61,12 @@ def dit_capabilities(settings: DitSettings, model: DitModel) -> DitCapabilities:
             num_inference_steps=settings.default_num_inference_steps
             or card.default_num_inference_steps
             or FALLBACK_STEPS,
-            guidance_scale=_first_set(settings.default_guidance_scale, card.default_guidance_scale),
-            step_cache=card.default_step_cache if one_run_at_a_time else None,
+            guidance_scale=_first_set(
+                settings.default_guidance_scale,
+                card.default_guidance_scale,
+                fallback=min(FALLBACK_GUIDANCE_SCALE, max_guidance_scale),
+            ),
+            step_cache=card.default_step_cache if step_caches else None,
             negative_prompt=FALLBACK_NEGATIVE_PROMPT
             if card.default_negative_prompt is None
             else card.default_negative_prompt,
@@ -86,5 +96,5 @@ def _check_defaults(defaults: DiffusionDefaults, limits: DiffusionLimits) -> Non
         raise ValueError(f"default guidance_scale {defaults.guidance_scale} over {limits.max_guidance_scale}")
 
 
-def _first_set(*values: float | None) -> float:
-    return next((v for v in values if v is not None), FALLBACK_GUIDANCE_SCALE)
+def _first_set(*values: float | None, fallback: float) -> float:
+    return next((v for v in values if v is not None), fallback)

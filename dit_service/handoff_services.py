@@ -49,7 +49,8 @@ def serve_model(
     idle: IdleRelease,
 ) -> tuple[HandoffServices, Warmup]:
     """The services over ``model``, and its warm-up."""
-    vae, encoder = VaeCodec(model), ImageEncoder()
+    # Only a family whose latents the service decodes itself has a codec (the others' pipelines decode theirs).
+    vae, encoder = VaeCodec(model) if model.family.service_decodes else None, ImageEncoder()
     capabilities = dit_capabilities(settings, model)
     options = ConditioningOptions(
         special_token_ids=settings.special_token_ids,

@@ -1,11 +1,12 @@
-"""The loaded Qwen-Image components, shared by every request, and per-request pipelines over them.
+"""The loaded model's components, shared by every request, and per-request pipelines over them.
 
-One ``QwenImagePipeline`` object is not thread-safe (its scheduler holds the step index and its
+One diffusers pipeline object is not thread-safe (its scheduler holds the step index and its
 ``_interrupt``/``_guidance_scale`` live on the object), but the weights are read-only during
-inference. So the weights are loaded once and each request gets a fresh pipeline object over the
-same transformer and VAE with its own scheduler built from the shared config: text to image
-(``QwenImagePipeline``), or an edit (``QwenImageImg2ImgPipeline``, ``QwenImageInpaintPipeline``
-with a mask) — the same components driven the way diffusers' own edit pipelines drive them.
+inference. So the weights are loaded once, by the pipeline class of the folder's family
+(``dit_service.families``), and each request gets a fresh pipeline object over the same transformer
+and VAE with its own scheduler built from the shared config: text to image, or an edit where the
+family edits (Qwen-Image's ``QwenImageImg2ImgPipeline``, ``QwenImageInpaintPipeline`` with a mask) —
+the same components driven the way diffusers' own edit pipelines drive them.
 """
 
 from __future__ import annotations
@@ -14,16 +15,12 @@ import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from diffusers import (
-    FlowMatchEulerDiscreteScheduler,
-    QwenImageImg2ImgPipeline,
-    QwenImageInpaintPipeline,
-    QwenImagePipeline,
-)
+from diffusers import FlowMatchEulerDiscreteScheduler
 
+from dit_service.families import Family, PipelineKind
 from services.model_card import ModelCard
 from shared.tensor_codec import ALLOWED_DTYPES
 
@@ -34,8 +31,9 @@ log = logging.getLogger("ardit.dit.model")
 class ModelFacts:
     """What request validation needs to know about the loaded model."""
 
+    # The width of the rows the family's transformer takes.
     joint_attention_dim: int
-    # Pixel sizes must be multiples of this, or diffusers silently rounds them down.
+    # Pixel sizes must be multiples of this, or diffusers silently rounds them down (ZImagePipeline raises).
     size_multiple: int
     # Qwen-Image's scheduler stretches sigmas to ``shift_terminal``; a 1-step schedule divides 0 by 0
     # there and renders NaN, so such a model needs at least 2 steps.
@@ -45,20 +43,17 @@ class ModelFacts:
 
 
 # diffusers registers a pipeline's components at run time (``register_modules``), so to a type
-# checker ``transformer``, ``vae``, ``scheduler``... are not attributes of ``QwenImagePipeline``.
+# checker ``transformer``, ``vae``, ``scheduler``... are not attributes of a pipeline class.
 Pipeline = Any
-PipelineKind = Literal["text_to_image", "image_to_image", "inpaint"]
-_PIPELINES: dict[PipelineKind, type] = {
-    "text_to_image": QwenImagePipeline,
-    "image_to_image": QwenImageImg2ImgPipeline,
-    "inpaint": QwenImageInpaintPipeline,
-}
 
 
 class DitModel:
-    def __init__(self, base: Pipeline, device: torch.device, dtype: torch.dtype, card: ModelCard) -> None:
+    def __init__(
+        self, base: Pipeline, device: torch.device, dtype: torch.dtype, card: ModelCard, family: Family
+    ) -> None:
         self._base = base
         self.card = card
+        self.family = family
         self.transformer = base.transformer
         self.vae = base.vae
         # AutoencoderKLQwenImage keeps its causal-conv feature cache on the module itself
@@ -67,7 +62,7 @@ class DitModel:
         self.vae_lock = threading.Lock()
         self.vae_scale_factor: int = base.vae_scale_factor
         self.facts = ModelFacts(
-            joint_attention_dim=int(base.transformer.config.joint_attention_dim),
+            joint_attention_dim=int(base.transformer.config[family.rows_width]),
             size_multiple=base.vae_scale_factor * 2,
             min_inference_steps=2 if base.scheduler.config.get("shift_terminal") else 1,
             dtype=dtype,
@@ -77,10 +72,12 @@ class DitModel:
     @classmethod
     def load(cls, model_dir: Path, device: str, dtype_name: str) -> DitModel:
         dtype = ALLOWED_DTYPES[dtype_name]
-        base = QwenImagePipeline.from_pretrained(str(model_dir), text_encoder=None, tokenizer=None, dtype=dtype)
+        family = Family.of(model_dir)
+        pipeline = family.pipelines["text_to_image"]
+        base = pipeline.from_pretrained(str(model_dir), text_encoder=None, tokenizer=None, dtype=dtype)
         base.to(device)
-        log.info("loaded %s on %s as %s", model_dir, device, dtype_name)
-        return cls(base, torch.device(device), dtype, ModelCard.read(model_dir))
+        log.info("loaded %s (%s) on %s as %s", model_dir, family.name, device, dtype_name)
+        return cls(base, torch.device(device), dtype, ModelCard.read(model_dir), family)
 
     @property
     def latent_channels(self) -> int:
@@ -88,12 +85,14 @@ class DitModel:
         return int(self.transformer.config.in_channels) // 4
 
     def new_pipeline(self, kind: PipelineKind = "text_to_image") -> Pipeline:
-        pipeline: Pipeline = _PIPELINES[kind](
+        options = {name: self._base.config[name] for name in self.family.pipeline_options}
+        pipeline: Pipeline = self.family.pipelines[kind](
             scheduler=FlowMatchEulerDiscreteScheduler.from_config(self._base.scheduler.config),
             vae=self.vae,
             text_encoder=None,
             tokenizer=None,
             transformer=self.transformer,
+            **options,
         )
         pipeline.set_progress_bar_config(disable=True)
         return pipeline

@@ -72,6 +72,8 @@ class OpenFramePolicy:
                 )
         params = frame.diffusion
         self._capabilities.limits.check(params)
+        if frame.edit is not None and not self._capabilities.limits.edits:
+            raise InvalidDiffusionParams("this image model does not edit images", param="image")
         if params.cfg and "uncond" not in frame.streams:
             # diffusers would quietly render without guidance; CFG needs the AR's negative stream.
             raise InvalidDiffusionParams(

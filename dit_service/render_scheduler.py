@@ -1,7 +1,8 @@
 """When render jobs run: under the run slots, in arrival order, and — with batching on — several
 compatible jobs waiting together as one run of the ``Renderer``.
 
-Without batching (``max_batch_size`` 1, the default) each job takes a run slot and renders alone.
+Without batching (``max_batch_size`` 1, the default, or a model family that does not batch:
+``dit_service.families``) each job takes a run slot and renders alone.
 With batching, the job at the head of the queue waits ``window`` seconds once it has a slot, then
 takes with it up to ``max_batch_size - 1`` later jobs that share its ``batch_key``; the rest keep
 their places. A batch is one pipeline run: it holds one run slot.
@@ -46,7 +47,7 @@ class RenderScheduler:
 
     async def run(self, job: RenderJob, emit: EmitResult, cancel: threading.Event) -> RunOutcome:
         """Render ``job`` when its turn comes; RenderCancelled if its consumer left meanwhile."""
-        if self.max_batch_size == 1:
+        if self.max_batch_size == 1 or not self.renderer.batches:
             return await self._alone(job, emit, cancel)
         waiting = _Waiting(RenderItem(job, emit, cancel))
         self._waiting.append(waiting)

@@ -1,12 +1,16 @@
 """Render jobs through diffusers: one job, or several compatible ones denoised as one batch.
 
 ``Renderer.render(items)`` is the DiT's pipeline call, in the numbered steps of diffusers' own
-``__call__``: (1) check the items may share a run, (2) build each job's inputs (conditioning,
-CFG, an edit's latents), (3) denoise each round of images with the step callback (progress,
-previews, stopping an abandoned run), (4) finish each image (decode, paste an edit's unmasked
-pixels back, encode, emit). A job's step cache (``step_cache``) is on for its pipeline calls only.
-It is synchronous and meant for a worker thread; result frames go to each item's ``emit`` as soon
-as they exist.
+``__call__``: (1) check the items may share a run, (2) build each job's inputs (conditioning in the
+form the family's pipeline takes it, CFG, an edit's latents), (3) denoise each round of images with
+the step callback (progress, previews, stopping an abandoned run), (4) finish each image (decode,
+paste an edit's unmasked pixels back, encode, emit). A job's step cache (``step_cache``) is on for
+its pipeline calls only. It is synchronous and meant for a worker thread; result frames go to each
+item's ``emit`` as soon as they exist.
+
+Qwen-Image's pipeline returns latents and the service decodes them (``VaeCodec``: previews and edits
+decode and encode the same way); the other families' pipelines decode their own picture, so their
+``denoise`` time holds the decode (``dit_service.families``).
 
 A round is the images denoised by one pipeline call. A job's image ``i`` uses seed ``seed + i`` and
 its own generator, so an image does not depend on how many were asked for; a job with ``n`` images
@@ -31,9 +35,11 @@ import PIL.Image
 import torch
 from prometheus_client import Histogram
 
+from dit_service.conditioning import Conditioning
+from dit_service.families import PipelineKind
 from dit_service.image_encoder import ImageEncoder
 from dit_service.metrics import DitMetrics
-from dit_service.model import DitModel, Pipeline, PipelineKind
+from dit_service.model import DitModel, Pipeline
 from dit_service.previews import clean_latent_estimate, preview_steps
 from dit_service.render_job import (
     RenderCancelled,
@@ -44,7 +50,12 @@ from dit_service.render_job import (
 )
 from dit_service.step_cache import step_cache
 from dit_service.vae_codec import VaeCodec
+from shared.diffusion import DiffusionParams
 from shared.result_frames import ImageFrame, PartialImageFrame, ProgressFrame
+
+# What a pipeline call gives for one image: its packed latents [1, patches, channels], or the picture where
+# the family's pipeline decodes it.
+Output = torch.Tensor | PIL.Image.Image
 
 
 @dataclass(frozen=True)
@@ -90,15 +101,22 @@ class _Round:
 @dataclass(frozen=True)
 class Renderer:
     model: DitModel
-    vae: VaeCodec
+    # None for a family whose pipeline decodes its own picture (it has no previews or edits).
+    vae: VaeCodec | None
     encoder: ImageEncoder
     metrics: DitMetrics
+
+    @property
+    def batches(self) -> bool:
+        """Whether jobs of this model may share a pipeline run (its family's, ``dit_service.families``)."""
+        return self.model.family.batches
 
     def render(self, items: Sequence[RenderItem]) -> list[RenderOutcome]:
         """One outcome per item: its timings, or ``RenderCancelled`` if its consumer left."""
         # 1. check: a run is one job, or jobs that agree on everything the denoising loop shares.
         jobs = [item.job for item in items]
-        if len(jobs) > 1 and (jobs[0].batch_key is None or any(j.batch_key != jobs[0].batch_key for j in jobs)):
+        key = jobs[0].batch_key
+        if len(jobs) > 1 and (not self.batches or key is None or any(j.batch_key != key for j in jobs)):
             raise ValueError("these jobs cannot share a batch")
         timings = [RenderTimings() for _ in items]
         # 2. inputs: an edit's latents (encoded once per job).
@@ -110,12 +128,12 @@ class Renderer:
                 continue
             # 3. latents → denoise, with the step callback; the conditioning of the round's jobs.
             inputs = {**self._conditioning(round.jobs), **edit_inputs}
-            latents = self._denoise(round, kind, inputs)
-            if latents is None:
+            outputs = self._denoise(round, kind, inputs)
+            if outputs is None:
                 continue  # every consumer left mid-run
             # 4. finish each image whose consumer is still there.
             for row, image, item in round.present():
-                self._finish(item, image.index, latents[row : row + 1], timings[image.position])
+                self._finish(item, image.index, outputs[row], timings[image.position])
         return [RenderCancelled() if item.cancel.is_set() else t for item, t in zip(items, timings, strict=True)]
 
     def _edit_inputs(self, job: RenderJob, timings: RenderTimings) -> tuple[PipelineKind, dict[str, Any]]:
@@ -123,22 +141,38 @@ class Renderer:
         edit = job.edit
         if edit is None:
             return "text_to_image", {}
+        if not self.model.family.edits:
+            raise ValueError(f"{self.model.family.name}: this DiT does not edit images")
         started = time.perf_counter()
-        pixels = self.vae.pixels(edit.image)
-        inputs: dict[str, Any] = {"image": self.vae.encode(pixels), "strength": edit.strength}
+        vae = self._codec
+        pixels = vae.pixels(edit.image)
+        inputs: dict[str, Any] = {"image": vae.encode(pixels), "strength": edit.strength}
         kind: PipelineKind = "image_to_image"
         if edit.mask is not None:
             # The inpaint pipeline's masked image: the input with the repainted region blanked out.
             keep = torch.from_numpy(np.asarray(edit.mask) == 0)[None, None]
-            inputs |= {"mask_image": edit.mask, "masked_image_latents": self.vae.encode(pixels * keep)}
+            inputs |= {"mask_image": edit.mask, "masked_image_latents": vae.encode(pixels * keep)}
             kind = "inpaint"
         timings.vae_encode = time.perf_counter() - started
         return kind, inputs
 
     def _conditioning(self, jobs: list[RenderJob]) -> dict[str, Any]:
-        """Each job's rows, right-padded to the round's longest with a mask; the negative ones with CFG."""
+        """The round's rows as the family's pipeline takes them, and its guidance."""
         device, params = self.model.facts.device, jobs[0].params
         cond = [job.conditioning for job in jobs]
+        match self.model.family.prompt_embeds:
+            case "padded_with_mask":
+                return self._padded_conditioning(cond, params)
+            case "list_of_rows":
+                embeds: list[torch.Tensor] | torch.Tensor = [_valid_rows(c).to(device) for c in cond]
+            case "rows":
+                embeds = torch.stack([_valid_rows(c) for c in cond]).to(device)
+        # The guidance caps (``dit_service.families``) keep these families from CFG, which needs negative rows.
+        return {"prompt_embeds": embeds, "guidance_scale": params.guidance_scale}
+
+    def _padded_conditioning(self, cond: list[Conditioning], params: DiffusionParams) -> dict[str, Any]:
+        """Each job's rows, right-padded to the round's longest with a mask; the negative ones with CFG."""
+        device = self.model.facts.device
         embeds, mask = _padded([(c.prompt_embeds, c.prompt_embeds_mask) for c in cond])
         inputs: dict[str, Any] = {
             "prompt_embeds": embeds.to(device),
@@ -161,13 +195,16 @@ class Renderer:
             }
         return inputs
 
-    def _denoise(self, round: _Round, kind: PipelineKind, inputs: dict[str, Any]) -> torch.Tensor | None:
-        """The round's final latents, one row per live image; None when every consumer left mid-run."""
+    def _denoise(self, round: _Round, kind: PipelineKind, inputs: dict[str, Any]) -> list[Output] | None:
+        """The round's outputs, one per image of the round; None when every consumer left mid-run."""
         # Every job of a round agrees on what the denoising loop shares.
         params, steps = round.jobs[0].params, round.jobs[0].denoising_steps
+        family = self.model.family
         images = [(image, round.items[image.position]) for image in round.images]
+        # Previews decode the latents mid-run: only where the service decodes them.
+        preview_at = preview_steps(steps, params.partial_images) if family.previews else ()
         callback = StepCallback(
-            preview_steps(steps, params.partial_images),
+            preview_at,
             functools.partial(self._previews, round),
             round.progress,
             round.abandoned,
@@ -178,22 +215,25 @@ class Renderer:
         with contextlib.ExitStack() as stages:
             for image, item in images:
                 stages.enter_context(item.job.trace.stage("denoise", image_index=image.index, steps=steps))
+            # The pipeline's images: packed latents [images, patches, channels], or its own pictures.
+            result: Any
             if steps == 0:
-                latents = self.vae.packed(inputs["image"])  # strength 0: the input's own latents, decoded
+                result = self._codec.packed(inputs["image"])  # strength 0: the input's own latents, decoded
             else:
                 pipeline = self.model.new_pipeline(kind)
-                callback.record_start(pipeline)
+                if preview_at:
+                    callback.record_start(pipeline)
                 seeds = [item.job.params.seed + image.index for image, item in images]
                 stages.enter_context(
                     step_cache(self.model.transformer, params.step_cache, self.metrics.step_cache_passes)
                 )
-                latents = pipeline(
+                result = pipeline(
                     height=params.height,
                     width=params.width,
                     num_inference_steps=params.num_inference_steps,
                     sigmas=params.sigmas,
                     generator=[torch.Generator("cpu").manual_seed(seed) for seed in seeds],
-                    output_type="latent",
+                    output_type="latent" if family.service_decodes else "pil",
                     callback_on_step_end=callback,
                     callback_on_step_end_tensor_inputs=["latents"],
                     **inputs,
@@ -203,7 +243,12 @@ class Renderer:
         self.metrics.denoise_seconds.observe(denoise)
         for image in round.images:
             round.timings[image.position].denoise += denoise
-        return None if callback.interrupted else latents
+        if callback.interrupted:
+            return None
+        if family.service_decodes:
+            return [result[row : row + 1] for row in range(len(round.images))]
+        pictures: list[Output] = result
+        return pictures
 
     def _previews(self, round: _Round, step: int, clean: torch.Tensor) -> None:
         for row, image, item in round.present():
@@ -222,19 +267,28 @@ class Renderer:
             item.emit(frame)
             round.timings[image.position].previews += time.perf_counter() - started
 
-    def _picture(self, job: RenderJob, latents: torch.Tensor) -> PIL.Image.Image:
-        """Packed latents → the picture the client gets (an edit's unmasked pixels are the input's own)."""
-        image = self.vae.decode(latents, job.params.height, job.params.width)
+    def _picture(self, job: RenderJob, output: Output) -> PIL.Image.Image:
+        """A pipeline's output → the picture the client gets (an edit's unmasked pixels are the input's own)."""
+        if isinstance(output, PIL.Image.Image):
+            return output  # decoded by the family's pipeline
+        vae = self._codec
+        image = vae.decode(output, job.params.height, job.params.width)
         edit = job.edit
         if edit is not None and edit.mask is not None:
-            image = self.vae.pasted_back(image, edit.mask, edit.image)
+            image = vae.pasted_back(image, edit.mask, edit.image)
         return image
 
-    def _finish(self, item: RenderItem, index: int, latents: torch.Tensor, timings: RenderTimings) -> None:
+    @property
+    def _codec(self) -> VaeCodec:
+        if self.vae is None:
+            raise ValueError(f"{self.model.family.name}: this renderer has no VAE codec (its pipeline decodes)")
+        return self.vae
+
+    def _finish(self, item: RenderItem, index: int, output: Output, timings: RenderTimings) -> None:
         job, params, metrics = item.job, item.job.params, self.metrics
         started = time.perf_counter()
         with job.trace.stage("vae_decode", image_index=index):
-            image = self._picture(job, latents)
+            image = self._picture(job, output)
         decoded = time.perf_counter()
         with job.trace.stage("encode", image_index=index, format=params.output_format):
             data = self.encoder.encode(image, params.output_format, params.output_compression)
@@ -259,6 +313,11 @@ class Renderer:
 
 def _one_by_one(job: RenderJob) -> list[list[_Image]]:
     return [[_Image(0, index)] for index in range(job.params.num_images)]
+
+
+def _valid_rows(conditioning: Conditioning) -> torch.Tensor:
+    """[L_valid, D]: the rows the mask keeps (valid rows come first, pads after)."""
+    return conditioning.prompt_embeds[0, conditioning.prompt_embeds_mask[0].bool()]
 
 
 def _padded(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -20,7 +20,16 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from shared.diffusion import MAX_SEED, DiffusionParams, OutputFormat, Size, StepCache, StepCacheMethod, parse_size
+from shared.diffusion import (
+    MAX_PARTIAL_IMAGES,
+    MAX_SEED,
+    DiffusionParams,
+    OutputFormat,
+    Size,
+    StepCache,
+    StepCacheMethod,
+    parse_size,
+)
 from shared.errors import InvalidDiffusionParams
 from shared.frame_types import NonNegInt, PosInt, WireModel
 from shared.row_recipe import RowRecipe
@@ -34,6 +43,10 @@ TIGHTEST_MIN: Merge = max
 
 def _every_multiple(values: Sequence[int]) -> int:
     return math.lcm(*values)
+
+
+def _every(values: Sequence[bool]) -> bool:
+    return all(values)
 
 
 def _in_all(values: Sequence[list[Any]]) -> list[Any]:
@@ -71,6 +84,10 @@ class DiffusionLimits(WireModel):
     # The sizes the model draws well (its card's), the default first; None: any size within the limits
     # above. Another size is refused, as OpenAI refuses a size a model does not support.
     sizes: Annotated[list[Size] | None, _in_all_that_list] = None
+    # Previews a request may ask for, and whether it edits images: 0 and False where its family's pipeline
+    # decodes its own pictures (``dit_service.families``). A DiT that predates them does both.
+    max_partial_images: Annotated[NonNegInt, TIGHTEST_MAX] = MAX_PARTIAL_IMAGES
+    edits: Annotated[bool, _every] = True
 
     @classmethod
     def common(cls, all_limits: Sequence[DiffusionLimits]) -> DiffusionLimits:
@@ -119,6 +136,12 @@ class DiffusionLimits(WireModel):
             raise InvalidDiffusionParams(
                 f"step_cache method {params.step_cache.method!r} is not run here (offered: {offered})",
                 param="step_cache",
+            )
+        if params.partial_images > self.max_partial_images:
+            raise InvalidDiffusionParams(
+                f"partial_images {params.partial_images}: this image model renders at most "
+                f"{self.max_partial_images} previews",
+                param="partial_images",
             )
         if params.output_format not in self.output_formats:
             raise InvalidDiffusionParams(

@@ -105,6 +105,8 @@ class RequestValidator:
         """An edit (multipart form): also decodes the uploads, in a worker thread."""
         body = form.request
         self.check_model(body.model)
+        if not dit.limits.edits:
+            raise _invalid(f"{dit.model} does not edit images: it draws from text only", "image", "unsupported_value")
         if len(form.images) > 1:
             raise _invalid(
                 f"{len(form.images)} images were sent; this model edits one image (it has no image encoder "

@@ -93,7 +93,7 @@ def layer_8_server(tiny_checkpoint, tmp_path_factory) -> Iterator[LiveServer]:
     """The tiny model with a card that says it was trained on the AR's layer 8, as the demo model's does."""
     model_dir = tmp_path_factory.mktemp("carded") / "qwen-image-tiny"
     shutil.copytree(tiny_checkpoint, model_dir)
-    (model_dir / MODEL_CARD_FILE).write_text(json.dumps({"hidden_layer": 8}))
+    (model_dir / MODEL_CARD_FILE).write_text(json.dumps({"rows": {"layers": [8]}}))
     server = start_server(model_dir)
     yield server
     server.stop()

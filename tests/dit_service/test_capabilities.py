@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from dit_service.capabilities import dit_capabilities
+from dit_service.families import QWEN_IMAGE
 from dit_service.model import ModelFacts
 from dit_service.settings import DitSettings
 from services.model_card import ModelCard
@@ -20,7 +21,7 @@ FACTS = ModelFacts(
 
 
 def model(card: ModelCard | None = None):
-    return SimpleNamespace(facts=FACTS, card=card or ModelCard())
+    return SimpleNamespace(facts=FACTS, card=card or ModelCard(), family=QWEN_IMAGE)
 
 
 def test_limits_come_from_settings_and_the_model():

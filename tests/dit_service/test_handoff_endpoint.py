@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import time
+from typing import Any
 
 import httpx
 import msgpack
@@ -309,10 +310,9 @@ def test_contract_violation_is_a_typed_4xx_and_releases_memory(dit_server, make_
         ({"hidden": 64}, "hidden_size"),
         ({"conditioning": "telepathy"}, "conditioning"),
         ({"model": "some-other-llm"}, "model"),
-        ({"final_norm": False}, "final_norm"),
         ({"prefix_tokens": None}, "prompt"),
     ],
-    ids=["hidden_size", "conditioning", "model", "final_norm", "no_prefix_tokens"],
+    ids=["hidden_size", "conditioning", "model", "no_prefix_tokens"],
 )
 def test_conditioning_mismatch_is_refused_at_open(dit_server, open_options, param):
     hidden = open_options.get("hidden", HIDDEN)
@@ -325,10 +325,16 @@ def test_conditioning_mismatch_is_refused_at_open(dit_server, open_options, para
 
 def test_a_dit_whose_card_names_a_layer_announces_it_refuses_rows_of_another_and_renders_that_layers(layer_8_server):
     assert httpx.get(f"{layer_8_server.url}/readyz").json()["capabilities"]["rows"]["layers"] == [8]
-    for layer in (7, 30):
-        refused = post_handoff(layer_8_server.url, complete_handoff(hidden_rows(ROWS), layers=(layer,)))
+    refusals: list[tuple[dict[str, Any], str]] = [
+        ({"layers": (7,)}, "layers"),
+        ({"layers": (30,)}, "layers"),
+        ({"layers": (8, 16)}, "layers"),
+        ({"layers": (8,), "final_norm": False}, "final_norm"),
+    ]
+    for options, param in refusals:
+        refused = post_handoff(layer_8_server.url, complete_handoff(hidden_rows(ROWS), **options))
         assert refused.status == 422
-        assert refused.refusal["code"] == "conditioning_mismatch" and refused.refusal["param"] == "layers"
+        assert refused.refusal["code"] == "conditioning_mismatch" and refused.refusal["param"] == param
         assert_released(layer_8_server.url)
     answer = post_handoff(layer_8_server.url, complete_handoff(hidden_rows(ROWS), layers=(8,)))
     assert answer.status == 200, answer.error

@@ -27,6 +27,8 @@ class Recorder:
     """Stands in for the renderer: records what ran together (denoise 1 s alone, 2 s in a batch), takes a
     little time."""
 
+    batches = True
+
     def __init__(self) -> None:
         self.runs: list[list[str]] = []
 

@@ -1,0 +1,120 @@
+"""The diffusers families this DiT renders, and which of ardit's features each runs: one home for per-family facts.
+
+A model folder's family is its pipeline's class, as its ``model_index.json`` names it (``_class_name``, what
+diffusers itself loads). Every family renders through its own diffusers pipeline, given the rows as its
+``prompt_embeds``, so a picture is diffusers' own for those rows by construction.
+
+Qwen-Image runs every feature. Z-Image and FLUX.2 [klein] run text to image only:
+
+- previews and edits: the service decodes and encodes the pipeline's latents itself (``VaeCodec``), and it knows
+  Qwen-Image's latents only; these pipelines decode their own picture.
+- batching: FLUX.2's transformer takes no mask over the rows, so jobs whose rows differ in length cannot share a
+  run; Z-Image is kept to one job a run too, until a batch of it is measured against the same jobs alone.
+- step caches: ``dit_service.step_cache`` counts passes on Qwen-Image's block layout, and diffusers' cache hooks are
+  not verified on these transformers.
+- guidance: ardit's CFG is Qwen-Image's ``true_cfg_scale`` above 1 against the AR's negative rows. ZImagePipeline
+  runs CFG at any scale above 0, against negative rows the AR does not send it: capped at 0. Flux2KleinPipeline
+  runs CFG above 1 only for an undistilled model, against negative rows the AR does not send it either, and a
+  distilled one ignores guidance (diffusers only warns): capped at 1, so more is refused, not silently ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from diffusers import (
+    Flux2KleinPipeline,
+    QwenImageImg2ImgPipeline,
+    QwenImageInpaintPipeline,
+    QwenImagePipeline,
+    ZImagePipeline,
+)
+
+from services.model_card import PIPELINE_INDEX
+
+PipelineKind = Literal["text_to_image", "image_to_image", "inpaint"]
+# How a family's pipeline takes the rows as ``prompt_embeds``:
+# - "padded_with_mask": [B, L, D] right-padded to the longest, with ``prompt_embeds_mask`` (Qwen-Image);
+# - "list_of_rows": one [L_i, D] tensor of each image's own rows (Z-Image, as its ``encode_prompt`` gives them);
+# - "rows": [B, L, D] of the rows alone, no padding (FLUX.2: its transformer would attend to pad rows).
+PromptEmbedsForm = Literal["padded_with_mask", "list_of_rows", "rows"]
+
+
+@dataclass(frozen=True)
+class Family:
+    # The pipeline class, as ``model_index.json`` names it.
+    name: str
+    # The pipeline class of each kind of render it runs: text to image always, an edit's where it edits (``Any``:
+    # diffusers registers a pipeline's components at run time, so a type checker knows none of them).
+    pipelines: Mapping[PipelineKind, type[Any]]
+    # The transformer config field that holds the width of its conditioning rows.
+    rows_width: str
+    prompt_embeds: PromptEmbedsForm
+    # The service decodes the pipeline's latents itself (``VaeCodec``), as previews and edits need; else the
+    # pipeline decodes its own picture.
+    service_decodes: bool
+    batches: bool
+    step_caches: bool
+    # The most guidance its pipeline renders as ardit means it (inf: no cap beyond the operator's).
+    max_guidance_scale: float = math.inf
+    # The loaded pipeline's own config options each request's pipeline is built with too.
+    pipeline_options: tuple[str, ...] = ()
+
+    @property
+    def previews(self) -> bool:
+        return self.service_decodes
+
+    @property
+    def edits(self) -> bool:
+        return self.service_decodes and "image_to_image" in self.pipelines
+
+    @classmethod
+    def of(cls, model_dir: Path) -> Family:
+        """The family of the pipeline in ``model_dir``; ``ValueError`` for one this DiT does not render."""
+        name = json.loads((model_dir / PIPELINE_INDEX).read_text()).get("_class_name")
+        family = FAMILIES.get(str(name))
+        if family is None:
+            raise ValueError(f"{model_dir}: a {name} pipeline; this DiT renders {', '.join(FAMILIES)}")
+        return family
+
+
+QWEN_IMAGE = Family(
+    name="QwenImagePipeline",
+    pipelines={
+        "text_to_image": QwenImagePipeline,
+        "image_to_image": QwenImageImg2ImgPipeline,
+        "inpaint": QwenImageInpaintPipeline,
+    },
+    rows_width="joint_attention_dim",
+    prompt_embeds="padded_with_mask",
+    service_decodes=True,
+    batches=True,
+    step_caches=True,
+)
+Z_IMAGE = Family(
+    name="ZImagePipeline",
+    pipelines={"text_to_image": ZImagePipeline},
+    rows_width="cap_feat_dim",
+    prompt_embeds="list_of_rows",
+    service_decodes=False,
+    batches=False,
+    step_caches=False,
+    max_guidance_scale=0.0,
+)
+FLUX2_KLEIN = Family(
+    name="Flux2KleinPipeline",
+    pipelines={"text_to_image": Flux2KleinPipeline},
+    rows_width="joint_attention_dim",
+    prompt_embeds="rows",
+    service_decodes=False,
+    batches=False,
+    step_caches=False,
+    max_guidance_scale=1.0,
+    pipeline_options=("is_distilled",),
+)
+FAMILIES: dict[str, Family] = {family.name: family for family in (QWEN_IMAGE, Z_IMAGE, FLUX2_KLEIN)}

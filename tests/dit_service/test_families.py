@@ -1,0 +1,246 @@
+"""Z-Image and FLUX.2 [klein] through the DiT: each family's own diffusers pipeline, given the rows its
+``encode_prompt`` reads, draws the picture; progress and stopping work as for Qwen-Image; what a family cannot
+run is announced, or refused."""
+
+from __future__ import annotations
+
+import io
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+# From their own modules: to a type checker diffusers' top-level names are its no-torch placeholder classes.
+from diffusers.pipelines.flux2.pipeline_flux2_klein import Flux2KleinPipeline
+from diffusers.pipelines.z_image.pipeline_z_image import ZImagePipeline
+from PIL import Image
+from prometheus_client import CollectorRegistry
+
+from dit_service.capabilities import dit_capabilities
+from dit_service.conditioning import Conditioning
+from dit_service.image_encoder import ImageEncoder
+from dit_service.metrics import DitMetrics
+from dit_service.model import DitModel
+from dit_service.model_state import warmup_job
+from dit_service.render_job import EditInput, RenderCancelled, RenderItem, RenderJob, RenderOutcome
+from dit_service.renderer import Renderer
+from dit_service.settings import DitSettings
+from services.checkpoints import FLUX2_KLEIN_MODEL, Z_IMAGE_MODEL, default_model_dir
+from shared.diffusion import DiffusionParams, FirstBlockCache
+from shared.errors import InvalidDiffusionParams
+from shared.result_frames import ImageFrame, PartialImageFrame, ProgressFrame, ResultFrame
+from tests.conftest import require_checkpoint
+
+pytestmark = pytest.mark.slow
+
+PROMPT = "a red cube on a blue floor"
+SIZE = 64
+# The conditioning adapters pad rows to a bucket (``pad_to_multiple``): the pads must never reach the transformer.
+BUCKET = 8
+
+
+@dataclass(frozen=True)
+class FamilyUnderTest:
+    """One family under test: its checkpoint, its pipeline, the rows its ``encode_prompt`` gives a prompt, and what
+    its own ``__call__`` takes for them."""
+
+    model: str
+    pipeline: type[Any]
+    rows: Callable[[Any, str], torch.Tensor]  # (reference pipeline, prompt) → [L, D], the prompt's real rows
+    prompt_embeds: Callable[[torch.Tensor], Any]  # [L, D] → the pipeline's ``prompt_embeds``
+    guidance_scale: float  # the card's
+
+    @property
+    def path(self) -> Path:
+        return require_checkpoint(default_model_dir(self.model))
+
+
+def z_image_rows(pipeline: Any, prompt: str) -> torch.Tensor:
+    rows, _ = pipeline.encode_prompt(prompt, device="cpu", do_classifier_free_guidance=False)
+    return rows[0]
+
+
+def flux2_klein_rows(pipeline: Any, prompt: str) -> torch.Tensor:
+    """The real rows of the 512 ``encode_prompt`` computes: those its tokenizer's mask keeps."""
+    embeds, _ = pipeline.encode_prompt(prompt=prompt, device="cpu", num_images_per_prompt=1, max_sequence_length=512)
+    messages = [{"role": "user", "content": prompt}]
+    text = pipeline.tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True, enable_thinking=False
+    )
+    mask = pipeline.tokenizer(text, padding="max_length", max_length=512, return_tensors="pt").attention_mask
+    rows: torch.Tensor = embeds[0, mask[0].bool()]
+    return rows
+
+
+Z_IMAGE = FamilyUnderTest(Z_IMAGE_MODEL, ZImagePipeline, z_image_rows, lambda rows: [rows], 0.0)
+FLUX2_KLEIN = FamilyUnderTest(FLUX2_KLEIN_MODEL, Flux2KleinPipeline, flux2_klein_rows, lambda rows: rows[None], 1.0)
+FAMILIES = pytest.mark.parametrize("family", [Z_IMAGE, FLUX2_KLEIN], ids=["z_image", "flux2_klein"])
+
+
+@pytest.fixture(scope="module")
+def models() -> dict[str, DitModel]:
+    return {f.model: DitModel.load(f.path, "cpu", "float32") for f in (Z_IMAGE, FLUX2_KLEIN)}
+
+
+def renderer(models: dict[str, DitModel], family: FamilyUnderTest) -> Renderer:
+    # These families' pipelines decode their own pictures: no VAE codec.
+    return Renderer(models[family.model], None, ImageEncoder(), DitMetrics(CollectorRegistry()))
+
+
+def reference_pipeline(family: FamilyUnderTest) -> Any:
+    """diffusers' own pipeline with its text encoder, as its users load it."""
+    pipeline = family.pipeline.from_pretrained(str(family.path), dtype=torch.float32)
+    pipeline.set_progress_bar_config(disable=True)
+    return pipeline
+
+
+def conditioning(rows: torch.Tensor) -> Conditioning:
+    """``rows`` as the conditioning adapters hand them over: right-padded with zeros to the bucket, with a mask."""
+    count = rows.shape[0]
+    length = -(-count // BUCKET) * BUCKET + BUCKET  # at least one whole bucket of pads
+    embeds = rows.new_zeros((1, length, rows.shape[1]))
+    embeds[0, :count] = rows
+    mask = torch.zeros((1, length), dtype=torch.long)
+    mask[0, :count] = 1
+    return Conditioning(embeds, mask)
+
+
+def some_rows(model: DitModel, count: int = 11) -> torch.Tensor:
+    return torch.randn(count, model.facts.joint_attention_dim, generator=torch.Generator().manual_seed(3))
+
+
+def params(family: FamilyUnderTest, **overrides: Any) -> DiffusionParams:
+    values = {"width": SIZE, "height": SIZE, "num_inference_steps": 3, "guidance_scale": family.guidance_scale}
+    return DiffusionParams(**{"seed": 0, **values, **overrides})
+
+
+def run(renderer: Renderer, job: RenderJob, emit: Callable[[Any], None], cancel: threading.Event) -> RenderOutcome:
+    [outcome] = renderer.render([RenderItem(job, emit, cancel)])
+    return outcome
+
+
+def frames_of(renderer: Renderer, job: RenderJob) -> list[ResultFrame]:
+    frames: list[ResultFrame] = []
+    run(renderer, job, frames.append, threading.Event())
+    return frames
+
+
+def pixels(data: bytes) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB")).astype(int)
+
+
+@FAMILIES
+def test_a_picture_equals_diffusers_own_pipeline_given_the_same_rows(models, family):
+    """The rows diffusers' ``encode_prompt`` reads (FLUX.2: only the prompt's real rows, not its 512 padded ones),
+    padded as the adapters pad them: the service's picture is diffusers' own ``__call__`` with those rows, to the
+    byte. Bitwise, not within a tolerance: measured, the bucket's pad rows reaching FLUX.2's tiny transformer move
+    a pixel by at most 2 levels, so a tolerance of 2 could not tell them apart."""
+    reference = reference_pipeline(family)
+    with torch.no_grad():
+        rows = family.rows(reference, PROMPT)
+    frames = frames_of(renderer(models, family), RenderJob("r", conditioning(rows), params(family, seed=7)))
+    [frame] = [f for f in frames if isinstance(f, ImageFrame)]
+    expected = reference(
+        prompt_embeds=family.prompt_embeds(rows),
+        height=SIZE,
+        width=SIZE,
+        num_inference_steps=3,
+        guidance_scale=family.guidance_scale,
+        generator=torch.Generator("cpu").manual_seed(7),
+    ).images[0]
+    assert np.array_equal(pixels(frame.data), np.asarray(expected))
+
+
+@FAMILIES
+def test_progress_is_reported_after_every_step_of_every_image(models, family):
+    job = RenderJob("r", conditioning(some_rows(models[family.model])), params(family, num_images=2))
+    frames = frames_of(renderer(models, family), job)
+    assert [(f.step, f.steps) for f in frames if isinstance(f, ProgressFrame)] == [(s, 6) for s in range(1, 7)]
+    assert [f.image_index for f in frames if isinstance(f, ImageFrame)] == [0, 1]
+
+
+@FAMILIES
+def test_a_consumer_that_leaves_stops_the_run_at_the_next_step(models, family):
+    model, cancel, steps_run = models[family.model], threading.Event(), []
+    hook = model.transformer.register_forward_hook(lambda *_: steps_run.append(1))
+    frames: list[ResultFrame] = []
+
+    def emit(frame: ResultFrame) -> None:
+        frames.append(frame)
+        cancel.set()  # the consumer goes away after the first step's progress
+
+    try:
+        outcome = run(
+            renderer(models, family),
+            RenderJob("r", conditioning(some_rows(model)), params(family, num_inference_steps=20)),
+            emit,
+            cancel,
+        )
+    finally:
+        hook.remove()
+    assert isinstance(outcome, RenderCancelled)
+    # The first step ran and reported; the second ran before its callback saw the consumer gone.
+    assert len(steps_run) == 2
+    assert [type(f) for f in frames] == [ProgressFrame]
+
+
+@pytest.mark.parametrize(
+    ("family", "layers", "hidden_size", "max_guidance_scale"),
+    [(Z_IMAGE, [3], 128, 0.0), (FLUX2_KLEIN, [9, 18, 27], 384, 1.0)],
+    ids=["z_image", "flux2_klein"],
+)
+def test_each_family_announces_its_rows_and_refuses_what_it_does_not_run(
+    models, family, layers, hidden_size, max_guidance_scale
+):
+    model = models[family.model]
+    caps = dit_capabilities(DitSettings(model_dir=family.path), model)
+    assert caps.rows is not None and caps.rows == model.card.rows
+    assert (caps.rows.layers, caps.rows.final_norm, caps.rows.conditioning) == (layers, False, "every_row")
+    assert caps.hidden_size == hidden_size
+    assert (caps.limits.step_caches, caps.defaults.step_cache) == ([], None)
+    assert caps.limits.max_guidance_scale == max_guidance_scale == caps.defaults.guidance_scale
+    assert (caps.limits.max_partial_images, caps.limits.edits) == (0, False)
+    refused = {
+        "guidance_scale": params(family, guidance_scale=max_guidance_scale + 0.5),
+        "step_cache": params(family, step_cache=FirstBlockCache(method="first_block", threshold=0.1)),
+        "partial_images": params(family, partial_images=1),
+    }
+    for param, asked in refused.items():
+        with pytest.raises(InvalidDiffusionParams) as refusal:
+            caps.limits.check(asked)
+        assert refusal.value.param == param
+
+
+@FAMILIES
+def test_jobs_of_these_families_never_share_a_run(models, family):
+    """FLUX.2's transformer takes no mask over the rows, so rows of different lengths cannot share a batch."""
+    runner = renderer(models, family)
+    jobs = [RenderJob(name, conditioning(some_rows(models[family.model])), params(family)) for name in "ab"]
+    assert not runner.batches
+    with pytest.raises(ValueError, match="cannot share a batch"):
+        runner.render([RenderItem(job, lambda frame: None, threading.Event()) for job in jobs])
+
+
+@FAMILIES
+def test_an_edit_is_refused_and_no_preview_is_taken_where_the_pipeline_decodes_its_own_picture(models, family):
+    runner, rows = renderer(models, family), conditioning(some_rows(models[family.model]))
+    edit = EditInput(Image.new("RGB", (SIZE, SIZE)), None, 0.5)
+    with pytest.raises(ValueError, match="does not edit images"):
+        frames_of(runner, RenderJob("r", rows, params(family), edit))
+    frames = frames_of(runner, RenderJob("r", rows, params(family, num_inference_steps=4, partial_images=2)))
+    assert not any(isinstance(f, PartialImageFrame) for f in frames)
+    assert sum(isinstance(f, ImageFrame) for f in frames) == 1
+
+
+@FAMILIES
+def test_the_warm_up_render_goes_through_each_family(models, family):
+    model = models[family.model]
+    frames = frames_of(renderer(models, family), warmup_job(model))
+    [image] = [f for f in frames if isinstance(f, ImageFrame)]
+    size = model.facts.size_multiple
+    assert pixels(image.data).shape == (size, size, 3)
