@@ -1,4 +1,4 @@
-"""Prompt text → token ids, with the template prefix length the DiT drops.
+"""Prompt text → token ids, with the template prefix length the DiT drops (none where it keeps every row).
 
 The template is the row recipe's format string (Qwen-Image's), or the tokenizer's chat template rendered around
 one user message with the recipe's arguments (Z-Image's, FLUX.2 [klein]'s), as their pipelines render it. Either
@@ -29,11 +29,14 @@ class BuiltPrompt:
 
 
 class PromptBuilder:
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, template: str) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, template: str, drops_template: bool = True) -> None:
+        """``drops_template``: the template's rows before the prompt do not condition the DiT (``prefix_tokens``
+        counts them; else it is 0)."""
         if template.count("{}") != 1:
             raise ValueError("the prompt template needs exactly one {}")
         self.tokenizer = tokenizer
         self.template = template
+        self._drops_template = drops_template
         prefix = template.split("{}")[0]
         self._prefix_ids = self._encode(prefix)
         probe = self._encode(template.format("probe"))
@@ -50,11 +53,13 @@ class PromptBuilder:
     def of_text_model(cls, text_model: TextModel, rows: RowRecipe) -> PromptBuilder:
         """The builder of the AR model's tokenizer (either layout ``TextModel`` reads), templating as ``rows`` says."""
         tokenizer = AutoTokenizer.from_pretrained(str(text_model.tokenizer_dir))
-        return cls(tokenizer, rows.template or chat_template(tokenizer, rows.chat_template_kwargs))
+        template = rows.template or chat_template(tokenizer, rows.chat_template_kwargs)
+        return cls(tokenizer, template, rows.drops_template)
 
     @property
     def prefix_tokens(self) -> int:
-        return len(self._prefix_ids)
+        """The template's leading tokens whose rows do not condition the DiT."""
+        return len(self._prefix_ids) if self._drops_template else 0
 
     def build(self, text: str) -> BuiltPrompt:
         return BuiltPrompt(self._encode(self.template.format(text)), self.prefix_tokens)

@@ -10,7 +10,9 @@ stops everything and exits non-zero. Ctrl-C or SIGTERM stops both as stopping on
 (SIGTERM: admitted work finishes within its drain period, new requests get 503, unfinished streams end
 with an ``error`` event), and the launcher exits 0 once they have; a second Ctrl-C stops them at once.
 The services get a parent-death signal, so they do not outlive a launcher that is killed outright. Every
-other setting passes through from the environment (``ARDIT_AR_*``, ``ARDIT_DIT_*``, see README).
+other setting passes through from the environment (``ARDIT_AR_*``, ``ARDIT_DIT_*``, see README). A DiT given a
+pipeline folder that ships its text encoder (Qwen-Image, Z-Image, FLUX.2 [klein] as published) gives the AR that
+folder too, unless the AR is given one: the text encoder and the card that says how to read it are the DiT's.
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ import urllib.error
 import urllib.request
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from services.fatal import EXIT_SETTINGS
 from services.lifetime import die_with_parent
+from services.model_card import ships_text_encoder
 from services.settings import DEFAULT_DRAIN_SECONDS
 
 MAX_CRASHES = 5
@@ -49,6 +53,9 @@ def service_environment() -> dict[str, str]:
     # short spin served more images a minute than libgomp's default in every peer_compare cell, and more
     # evenly than not spinning at all (benchmarks/results/peer_compare.md). An operator's GOMP_SPINCOUNT wins.
     env.setdefault("GOMP_SPINCOUNT", str(OPENMP_SPIN_ROUNDS))
+    dit_folder = env.get("ARDIT_DIT_MODEL_DIR")
+    if dit_folder and ships_text_encoder(Path(dit_folder)):
+        env.setdefault("ARDIT_AR_MODEL_DIR", dit_folder)
     ar_host, dit_host = env.get("ARDIT_AR_HOST", "127.0.0.1"), env.get("ARDIT_DIT_HOST", "127.0.0.1")
     env.setdefault("ARDIT_AR_DIT_URL", f"http://{dit_host}:{env.get('ARDIT_DIT_PORT', '8001')}")
     env["ARDIT_LAUNCHER_AR_URL"] = f"http://{ar_host}:{env.get('ARDIT_AR_PORT', '8000')}"

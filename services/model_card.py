@@ -131,6 +131,11 @@ def _published_card(model_dir: Path) -> ModelCard:
     return published
 
 
+def ships_text_encoder(model_dir: Path) -> bool:
+    """Whether a diffusers pipeline folder holds its text encoder (as published), which the AR can then serve."""
+    return (model_dir / PIPELINE_INDEX).exists() and (model_dir / "text_encoder" / "config.json").exists()
+
+
 def _text_encoder_layers(model_dir: Path) -> int | None:
     """How many layers the text encoder a checkpoint ships has (a real Qwen-Image's Qwen2.5-VL: 28); None: it
     ships none. A recipe's layers are counted against it, so an AR left at the demo's layer is refused by a real

@@ -43,6 +43,12 @@ class RowRecipe(WireModel):
     # Which rows condition the DiT: the DiT's conditioning adapter of that name (``dit_service.conditioning``).
     conditioning: Annotated[str, Field(min_length=1, max_length=64)] = "qwen_image"
 
+    @property
+    def drops_template(self) -> bool:
+        """Whether the template's rows before the prompt are dropped (Qwen-Image's adapter, and the generating
+        one's); Z-Image's and FLUX.2's ``encode_prompt`` keep every row (``every_row``)."""
+        return self.conditioning != "every_row"
+
     def resolved(self, num_layers: int) -> RowRecipe:
         """This recipe with its layers counted from the start, for a text encoder of ``num_layers`` layers;
         ``ValueError`` naming the layer the text encoder does not have."""

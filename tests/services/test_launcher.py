@@ -10,6 +10,7 @@ import pytest
 from services import launcher
 from services.fatal import EXIT_SETTINGS
 from services.launcher import MAX_CRASHES, Service, supervise
+from tests.conftest import PLUMBING_DIT_MODEL_DIR, require_checkpoint
 from tests.support.ports import free_port
 
 
@@ -64,3 +65,17 @@ def test_the_services_openmp_threads_spin_briefly_unless_the_operator_says_other
     assert launcher.service_environment()["GOMP_SPINCOUNT"] == str(launcher.OPENMP_SPIN_ROUNDS)
     monkeypatch.setenv("GOMP_SPINCOUNT", "300000")
     assert launcher.service_environment()["GOMP_SPINCOUNT"] == "300000"
+
+
+def test_a_dit_given_a_folder_with_its_text_encoder_gives_the_ar_that_folder_unless_the_ar_has_one(monkeypatch):
+    from services.checkpoints import Z_IMAGE_MODEL, default_model_dir
+
+    family = str(require_checkpoint(default_model_dir(Z_IMAGE_MODEL)))
+    monkeypatch.delenv("ARDIT_AR_MODEL_DIR", raising=False)
+    monkeypatch.setenv("ARDIT_DIT_MODEL_DIR", family)
+    assert launcher.service_environment()["ARDIT_AR_MODEL_DIR"] == family
+    monkeypatch.setenv("ARDIT_AR_MODEL_DIR", "/srv/models/own")
+    assert launcher.service_environment()["ARDIT_AR_MODEL_DIR"] == "/srv/models/own"
+    monkeypatch.delenv("ARDIT_AR_MODEL_DIR")
+    monkeypatch.setenv("ARDIT_DIT_MODEL_DIR", str(require_checkpoint(PLUMBING_DIT_MODEL_DIR)))  # no text encoder
+    assert "ARDIT_AR_MODEL_DIR" not in launcher.service_environment()

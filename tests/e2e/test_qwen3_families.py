@@ -1,0 +1,298 @@
+"""Z-Image and FLUX.2 [klein] through the running services, against diffusers' own ``ZImagePipeline`` and
+``Flux2KleinPipeline`` on the same weights: the tiny checkpoints ``make checkpoints`` builds in each family's
+published layout (Qwen3 text encoder, Qwen's tokenizer and chat template, the family's transformer and VAE), both
+services given that folder and nothing else of the model, in fp32.
+
+What conditions the DiT equals the pipeline's ``encode_prompt``: the chat template's token ids, every row kept,
+within 5e-5 (Z-Image: ``hidden_states[-2]`` before the final norm; FLUX.2: layers 9, 18 and 27 side by side, its
+real rows: a causal engine cannot compute the 512-row padding's, benchmarks/results/flux2_pad_rows.md). The
+pictures equal the pipeline's ``__call__`` with the same seed within 2/255 (FLUX.2: given those real rows). A
+shared style prefix is a prefix-cache hit that renders bitwise what a miss renders. What a family cannot do
+(previews, edits, step caches, guidance its pipeline would run otherwise) is a 400 naming the parameter.
+``test_the_checks_catch_*`` show that the row check fails on another layer, the other side of the norm or the
+other chat template.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import torch
+from diffusers import Flux2KleinPipeline, ZImagePipeline
+from openai import OpenAI
+from PIL import Image
+
+from ar_service.app import create_ar_app
+from ar_service.settings import ArSettings
+from dit_service.app import create_dit_app
+from dit_service.conditioning import Conditioning, ConditioningAdapter
+from dit_service.settings import DitSettings
+from services.checkpoints import FLUX2_KLEIN_MODEL, Z_IMAGE_MODEL, default_model_dir
+from shared.handoff_assembler import AssembledHandoff
+from tests.conftest import HANDOFF_TOKEN, require_checkpoint
+from tests.support.live_server import LiveServer
+
+pytestmark = pytest.mark.slow
+
+SIZE, STEPS, SEED = "64x64", 4, 7
+STYLE = "In the style of a detailed botanical illustration, " + ", ".join(f"fine line {i}" for i in range(40)) + ": "
+# Sub-block, a sentence, past one 128-token CPU block, and not Latin.
+PROMPTS = [
+    "a red circle",
+    "A watercolour of a lighthouse on a cliff at dusk, gulls over the surf, warm light in the lamp room",
+    STYLE + "a fern",
+    "一只在雪地里奔跑的红色狐狸 水彩画",
+]
+FP32_ATOL, MIN_ROW_COSINE = 5e-5, 0.99999
+FP32_PIXELS = 2  # of 255
+
+
+@dataclass(frozen=True)
+class Family:
+    folder: Path
+    pipeline: Any  # the diffusers class
+    # transformers' hidden_states whose rows condition it, side by side, and its chat template's argument.
+    layers: tuple[int, ...]
+    enable_thinking: bool
+
+    def text(self, tokenizer: Any, prompt: str, enable_thinking: bool | None = None) -> str:
+        thinking = self.enable_thinking if enable_thinking is None else enable_thinking
+        messages = [{"role": "user", "content": prompt}]
+        return str(
+            tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=True, enable_thinking=thinking
+            )
+        )
+
+
+FAMILIES = {
+    "z-image": Family(default_model_dir(Z_IMAGE_MODEL), ZImagePipeline, (-2,), enable_thinking=True),
+    "flux2-klein": Family(default_model_dir(FLUX2_KLEIN_MODEL), Flux2KleinPipeline, (9, 18, 27), False),
+}
+
+
+class Recorder:
+    """Records each conditioning the DiT builds (the requests here run one at a time)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[AssembledHandoff, Conditioning]] = []
+
+    def wrap(self, select):
+        def recorded(adapter: ConditioningAdapter, handoff: AssembledHandoff) -> Conditioning:
+            conditioning = select(adapter, handoff)
+            self.seen.append((handoff, conditioning))
+            return conditioning
+
+        return recorded
+
+    def take(self) -> tuple[AssembledHandoff, torch.Tensor]:
+        ((handoff, conditioning),) = self.seen
+        self.seen.clear()
+        mask = conditioning.prompt_embeds_mask
+        return handoff, conditioning.prompt_embeds[0, : int(mask.sum())]
+
+
+@dataclass
+class Pair:
+    name: str
+    family: Family
+    client: OpenAI
+    recorder: Recorder
+    ar: LiveServer
+
+    def generate(self, prompt: str, **extra) -> tuple[np.ndarray, AssembledHandoff, torch.Tensor, dict]:
+        result = self.client.images.generate(
+            prompt=prompt, size=SIZE, extra_body={"seed": SEED, "num_inference_steps": STEPS, **extra}
+        )
+        assert result.data is not None
+        image = Image.open(io.BytesIO(base64.b64decode(result.data[0].b64_json or "")))
+        usage = (result.usage.model_extra if result.usage is not None else {}) or {}
+        handoff, rows = self.recorder.take()
+        return np.asarray(image.convert("RGB")), handoff, rows, usage
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def pair(request) -> Iterator[Pair]:
+    """Both services at their defaults on the family's folder, in fp32."""
+    family = FAMILIES[request.param]
+    folder = require_checkpoint(family.folder)
+    recorder = Recorder()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ConditioningAdapter, "select", recorder.wrap(ConditioningAdapter.select))
+        dit_settings = DitSettings(model_dir=folder, handoff_token=HANDOFF_TOKEN, dtype="float32")
+        dit = LiveServer(create_dit_app(dit_settings)).start().wait_ready()
+        settings = ArSettings(model_dir=folder, dit_url=dit.url, handoff_token=HANDOFF_TOKEN, dtype="float32")
+        ar = LiveServer(create_ar_app(settings)).start().wait_ready()
+        try:
+            client = OpenAI(base_url=f"{ar.url}/v1", api_key="-", max_retries=0)
+            yield Pair(request.param, family, client, recorder, ar)
+        finally:
+            ar.stop()
+            dit.stop()
+
+
+@pytest.fixture(scope="module")
+def reference(pair) -> Any:
+    """The family's own diffusers pipeline on the folder, with its text encoder, in fp32."""
+    pipeline = pair.family.pipeline.from_pretrained(str(pair.family.folder), dtype=torch.float32)
+    pipeline.set_progress_bar_config(disable=True)
+    return pipeline
+
+
+def encoded(family: Family, pipeline: Any, prompt: str) -> torch.Tensor:
+    """The rows the pipeline's ``encode_prompt`` conditions on, its unpadded ones."""
+    with torch.inference_mode():
+        if family.pipeline is ZImagePipeline:
+            (rows,), _ = pipeline.encode_prompt(prompt, device=torch.device("cpu"), do_classifier_free_guidance=False)
+            return rows.float()
+        embeds, _ = pipeline.encode_prompt(prompt=prompt, device=torch.device("cpu"))
+    real = len(pipeline.tokenizer(family.text(pipeline.tokenizer, prompt))["input_ids"])
+    return embeds[0, :real].float()
+
+
+def rendered(family: Family, pipeline: Any, prompt: str, seed: int = SEED) -> np.ndarray:
+    """The pipeline's own picture: Z-Image's from the prompt; FLUX.2's from its ``encode_prompt``'s real rows."""
+    width, height = map(int, SIZE.split("x"))
+    common: dict[str, Any] = dict(
+        height=height,
+        width=width,
+        num_inference_steps=STEPS,
+        generator=torch.Generator("cpu").manual_seed(seed),
+        output_type="np",
+    )
+    if family.pipeline is ZImagePipeline:
+        image = pipeline(prompt=prompt, guidance_scale=0.0, **common).images[0]
+    else:
+        rows = encoded(family, pipeline, prompt)[None]
+        image = pipeline(prompt_embeds=rows, guidance_scale=1.0, **common).images[0]
+    return (image * 255).round().astype("uint8")
+
+
+def check_rows(ardit: torch.Tensor, reference: torch.Tensor) -> None:
+    assert ardit.shape == reference.shape
+    assert (ardit.float() - reference).abs().max().item() <= FP32_ATOL
+    assert torch.nn.functional.cosine_similarity(ardit.float(), reference, dim=-1).min().item() >= MIN_ROW_COSINE
+
+
+def check_pixels(ardit: np.ndarray, reference: np.ndarray) -> None:
+    assert ardit.shape == reference.shape
+    assert np.abs(ardit.astype(int) - reference.astype(int)).max() <= FP32_PIXELS
+
+
+def test_the_dit_announces_its_familys_recipe_and_the_ar_reads_rows_by_it(pair):
+    assert httpx.get(f"{pair.ar.url}/readyz").status_code == 200
+    engine = pair.ar.app.state.runtime.engine
+    dit = pair.ar.call(pair.ar.app.state.runtime.readiness.require())[0]
+    assert dit.rows == engine.rows and dit.rows is not None
+    assert dit.rows.final_norm is False and dit.rows.template is None and dit.rows.conditioning == "every_row"
+    assert dit.hidden_size == engine.row_width == len(pair.family.layers) * engine.text_model.hidden_size
+
+
+@pytest.mark.parametrize("prompt", PROMPTS, ids=["short", "sentence", "past-a-block", "chinese"])
+def test_what_conditions_the_dit_is_what_encode_prompt_gives(pair, reference, prompt):
+    _, handoff, rows, _ = pair.generate(prompt, cache_salt=f"cold-{PROMPTS.index(prompt)}")
+    stream = handoff.streams["cond"]
+    expected_ids = reference.tokenizer(pair.family.text(reference.tokenizer, prompt))["input_ids"]
+    assert stream.prefix_tokens == 0  # every row of the chat template conditions it
+    assert stream.token_ids[: stream.answer_start_index] == expected_ids
+    check_rows(rows, encoded(pair.family, reference, prompt))
+
+
+def test_pictures_are_what_the_pipeline_renders_with_the_same_seed(pair, reference):
+    image, _, _, _ = pair.generate(PROMPTS[1])
+    check_pixels(image, rendered(pair.family, reference, PROMPTS[1]))
+
+
+def test_each_of_n_images_is_what_the_pipeline_renders_with_its_own_seed(pair, reference):
+    result = pair.client.images.generate(
+        prompt=PROMPTS[0], size=SIZE, n=2, extra_body={"seed": SEED, "num_inference_steps": STEPS}
+    )
+    assert result.data is not None and len(result.data) == 2
+    pair.recorder.seen.clear()
+    for index, datum in enumerate(result.data):
+        image = np.asarray(Image.open(io.BytesIO(base64.b64decode(datum.b64_json or ""))).convert("RGB"))
+        check_pixels(image, rendered(pair.family, reference, PROMPTS[0], seed=SEED + index))
+
+
+def test_a_shared_style_prefix_is_a_cache_hit_that_renders_what_a_miss_renders(pair):
+    first, second = STYLE + "a fern", STYLE + "a lighthouse"
+    pair.generate(first, cache_salt="style")
+    hit_image, _, hit_rows, hit_usage = pair.generate(second, cache_salt="style")
+    miss_image, _, miss_rows, miss_usage = pair.generate(second, cache_salt="style-cold")
+    assert miss_usage["cached_tokens"] == 0 and hit_usage["cached_tokens"] >= 128
+    assert torch.equal(hit_rows, miss_rows) and np.array_equal(hit_image, miss_image)
+
+
+@pytest.mark.parametrize(
+    "extra, param",
+    [
+        ({"step_cache": {"method": "first_block", "threshold": 0.2}}, "step_cache"),
+        ({"guidance_scale": 1.5}, "guidance_scale"),
+    ],
+    ids=["step-cache", "guidance"],
+)
+def test_what_the_family_cannot_do_is_a_400_naming_it(pair, extra, param):
+    with pytest.raises(openai.BadRequestError) as refused:
+        pair.generate(PROMPTS[0], **extra)
+    assert isinstance(refused.value.body, dict) and refused.value.body["param"] == param
+    assert pair.recorder.seen == []
+
+
+def test_previews_and_edits_are_400s_naming_them(pair):
+    streamed = httpx.post(
+        f"{pair.ar.url}/v1/images/generations",
+        json={"prompt": PROMPTS[0], "size": SIZE, "stream": True, "partial_images": 1},
+        timeout=60,
+    )
+    assert streamed.status_code == 400 and streamed.json()["error"]["param"] == "partial_images"
+    picture = io.BytesIO()
+    Image.new("RGB", (64, 64), "red").save(picture, format="PNG")
+    edited = httpx.post(
+        f"{pair.ar.url}/v1/images/edits",
+        data={"prompt": PROMPTS[0]},
+        files={"image": ("red.png", picture.getvalue(), "image/png")},
+        timeout=60,
+    )
+    assert edited.status_code == 400 and edited.json()["error"]["param"] == "image"
+    assert pair.recorder.seen == []
+
+
+# --- each check fails on what a defect would produce -----------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_the_checks_catch_another_layer_the_other_side_of_the_norm_or_the_other_chat_template(name):
+    family = FAMILIES[name]
+    pipeline = family.pipeline.from_pretrained(str(require_checkpoint(family.folder)), dtype=torch.float32)
+    prompt = PROMPTS[1]
+    right = encoded(family, pipeline, prompt)
+    tokenizer, encoder = pipeline.tokenizer, pipeline.text_encoder
+    layers = list(family.layers)
+
+    def rows(text: str, picked: list[int], normed: bool = False) -> torch.Tensor:
+        ids = torch.tensor([tokenizer(text)["input_ids"]])
+        with torch.inference_mode():
+            states = encoder(input_ids=ids, output_hidden_states=True).hidden_states
+        norm = encoder.norm if hasattr(encoder, "norm") else encoder.model.norm
+        parts = [norm(states[k]) if normed else states[k] for k in picked]
+        return torch.cat(parts, dim=-1)[0].float()
+
+    text = family.text(tokenizer, prompt)
+    check_rows(rows(text, layers), right)
+    wrong = {
+        "the layer before": rows(text, [k - 1 for k in layers]),
+        "after the final norm": rows(text, layers, normed=True),
+        "the other chat template": rows(family.text(tokenizer, prompt, not family.enable_thinking), layers),
+    }
+    for candidate in wrong.values():
+        with pytest.raises(AssertionError):
+            check_rows(candidate, right)
