@@ -73,11 +73,12 @@ class DitModel:
     def load(cls, model_dir: Path, device: str, dtype_name: str) -> DitModel:
         dtype = ALLOWED_DTYPES[dtype_name]
         family = Family.of(model_dir)
+        card = ModelCard.read(model_dir)  # before the weights: a card naming layers the folder lacks fails at once
         pipeline = family.pipelines["text_to_image"]
         base = pipeline.from_pretrained(str(model_dir), text_encoder=None, tokenizer=None, dtype=dtype)
         base.to(device)
         log.info("loaded %s (%s) on %s as %s", model_dir, family.name, device, dtype_name)
-        return cls(base, torch.device(device), dtype, ModelCard.read(model_dir), family)
+        return cls(base, torch.device(device), dtype, card, family)
 
     @property
     def latent_channels(self) -> int:

@@ -464,3 +464,18 @@ def test_reject_rows_frame_without_data():
         "checksum": "0" * 16,
     }
     expect(errors.MalformedFrame, raw(make_open().model_dump()) + raw(header))
+
+
+@pytest.mark.parametrize(
+    "layers",
+    [[], list(range(9)), [-1], [8.0], 8, None],
+    ids=["none", "past-eight", "negative", "float", "a-bare-int", "null"],
+)
+def test_reject_an_open_whose_layers_are_not_one_to_eight_layer_numbers(layers):
+    bad = make_open().model_dump() | {"layers": layers}
+    expect(errors.MalformedFrame, raw(bad))
+
+
+def test_a_version_3_open_naming_one_layer_is_refused_as_another_version():
+    old = {k: v for k, v in make_open().model_dump().items() if k != "layers"} | {"v": 3, "layer": 30}
+    expect(errors.UnsupportedSchemaVersion, raw(old))

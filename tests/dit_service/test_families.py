@@ -5,6 +5,7 @@ run is announced, or refused."""
 from __future__ import annotations
 
 import io
+import json
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -244,3 +245,18 @@ def test_the_warm_up_render_goes_through_each_family(models, family):
     [image] = [f for f in frames if isinstance(f, ImageFrame)]
     size = model.facts.size_multiple
     assert pixels(image.data).shape == (size, size, 3)
+
+
+def test_a_folder_whose_text_encoder_lacks_the_layers_its_card_reads_fails_to_load_naming_them(tmp_path):
+    folder = tmp_path / "flux2-klein-short"
+    source = require_checkpoint(default_model_dir(FLUX2_KLEIN_MODEL))
+    for part in source.iterdir():
+        (folder / part.name).parent.mkdir(parents=True, exist_ok=True)
+        if part.name == "text_encoder":
+            (folder / part.name).mkdir()
+            config = json.loads((part / "config.json").read_text()) | {"num_hidden_layers": 20}
+            (folder / part.name / "config.json").write_text(json.dumps(config))
+        else:
+            (folder / part.name).symlink_to(part)
+    with pytest.raises(ValueError, match=r"layers \[27\]: the text encoder has 20 layers"):
+        DitModel.load(folder, "cpu", "float32")

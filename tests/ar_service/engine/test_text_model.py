@@ -118,3 +118,13 @@ def test_z_images_bare_qwen3_decoder_is_served_as_a_causal_model_with_its_cards_
     assert text_model.card_rows is not None and text_model.card_rows.layers == [3]  # hidden_states[-2] of 4
     config = text_only_overrides(AutoConfig.from_pretrained(folder / "text_encoder"))
     assert config.architectures == ["ArditQwen3Decoder"] and config.tie_word_embeddings is True
+
+
+def test_a_family_folder_whose_text_encoder_lacks_the_cards_layers_is_refused_naming_them(tmp_path):
+    from services.checkpoints import FLUX2_KLEIN_MODEL
+
+    folder = copy_of(require_checkpoint(default_model_dir(FLUX2_KLEIN_MODEL)), tmp_path)
+    config_path = folder / "text_encoder" / "config.json"
+    config_path.write_text(json.dumps(json.loads(config_path.read_text()) | {"num_hidden_layers": 20}))
+    with pytest.raises(TextModelError, match=r"layers \[27\]: the text encoder has 20 layers"):
+        TextModel.read(folder)
