@@ -15,7 +15,7 @@ from dit_service.image_encoder import ImageEncoder
 from dit_service.model import DitModel
 from dit_service.settings import DitSettings
 from shared.capabilities import DiffusionDefaults, DiffusionLimits, DitCapabilities, DitCapacity
-from shared.diffusion import MAX_PARTIAL_IMAGES, STEP_CACHE_METHODS, parse_size
+from shared.diffusion import MAX_PARTIAL_IMAGES, parse_size
 from shared.errors import InvalidDiffusionParams
 
 FALLBACK_SIZE = "256x256"
@@ -29,7 +29,7 @@ def dit_capabilities(settings: DitSettings, model: DitModel) -> DitCapabilities:
     facts, card, family = model.facts, model.card, model.family
     # A step cache's hook state lives on the shared transformer: offered, where the family runs them, with one run
     # at a time only.
-    step_caches = family.step_caches and settings.max_pipeline_runs == 1
+    step_caches = list(family.step_caches) if settings.max_pipeline_runs == 1 else []
     max_guidance_scale = min(settings.max_guidance_scale, family.max_guidance_scale)
     sizes = card.sizes if settings.sizes is None else settings.sizes
     listed = sizes or None  # [] in the settings: any size, whatever the card lists
@@ -50,7 +50,7 @@ def dit_capabilities(settings: DitSettings, model: DitModel) -> DitCapabilities:
             max_images=settings.max_images_per_handoff,
             max_conditioning_rows=settings.max_sequence_length,
             output_formats=ImageEncoder.supported(),
-            step_caches=list(STEP_CACHE_METHODS) if step_caches else [],
+            step_caches=step_caches,
             sizes=listed,
             max_partial_images=MAX_PARTIAL_IMAGES if family.previews else 0,
             edits=family.edits,
@@ -66,7 +66,9 @@ def dit_capabilities(settings: DitSettings, model: DitModel) -> DitCapabilities:
                 card.default_guidance_scale,
                 fallback=min(FALLBACK_GUIDANCE_SCALE, max_guidance_scale),
             ),
-            step_cache=card.default_step_cache if step_caches else None,
+            step_cache=card.default_step_cache
+            if card.default_step_cache is not None and card.default_step_cache.method in step_caches
+            else None,
             negative_prompt=FALLBACK_NEGATIVE_PROMPT
             if card.default_negative_prompt is None
             else card.default_negative_prompt,

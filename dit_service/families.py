@@ -10,8 +10,9 @@ Qwen-Image runs every feature. Z-Image and FLUX.2 [klein] run text to image only
   Qwen-Image's latents only; these pipelines decode their own picture.
 - batching: FLUX.2's transformer takes no mask over the rows, so jobs whose rows differ in length cannot share a
   run; Z-Image is kept to one job a run too, until a batch of it is measured against the same jobs alone.
-- step caches: ``dit_service.step_cache`` counts passes on Qwen-Image's block layout, and diffusers' cache hooks are
-  not verified on these transformers.
+- step caches: diffusers' cache hooks are ``CacheMixin.enable_cache``, which Z-Image's transformer does not have.
+  FLUX.2's has it, and runs TaylorSeer; its First Block Cache fails in diffusers 0.42 (the hook subtracts the
+  dual-stream first block's output, a pair, from a tensor: TypeError), so FLUX.2 offers TaylorSeer only.
 - guidance: ardit's CFG is Qwen-Image's ``true_cfg_scale`` above 1 against the AR's negative rows. ZImagePipeline
   runs CFG at any scale above 0, against negative rows the AR does not send it: capped at 0. Flux2KleinPipeline
   runs CFG above 1 only for an undistilled model, against negative rows the AR does not send it either, and a
@@ -36,6 +37,7 @@ from diffusers import (
 )
 
 from services.model_card import PIPELINE_INDEX
+from shared.diffusion import STEP_CACHE_METHODS, StepCacheMethod
 
 PipelineKind = Literal["text_to_image", "image_to_image", "inpaint"]
 # How a family's pipeline takes the rows as ``prompt_embeds``:
@@ -59,7 +61,8 @@ class Family:
     # pipeline decodes its own picture.
     service_decodes: bool
     batches: bool
-    step_caches: bool
+    # The step-cache methods diffusers' hooks run on its transformer.
+    step_caches: tuple[StepCacheMethod, ...]
     # The most guidance its pipeline renders as ardit means it (inf: no cap beyond the operator's).
     max_guidance_scale: float = math.inf
     # The loaded pipeline's own config options each request's pipeline is built with too.
@@ -94,7 +97,7 @@ QWEN_IMAGE = Family(
     prompt_embeds="padded_with_mask",
     service_decodes=True,
     batches=True,
-    step_caches=True,
+    step_caches=STEP_CACHE_METHODS,
 )
 Z_IMAGE = Family(
     name="ZImagePipeline",
@@ -103,7 +106,7 @@ Z_IMAGE = Family(
     prompt_embeds="list_of_rows",
     service_decodes=False,
     batches=False,
-    step_caches=False,
+    step_caches=(),
     max_guidance_scale=0.0,
 )
 FLUX2_KLEIN = Family(
@@ -113,7 +116,7 @@ FLUX2_KLEIN = Family(
     prompt_embeds="rows",
     service_decodes=False,
     batches=False,
-    step_caches=False,
+    step_caches=("taylorseer",),
     max_guidance_scale=1.0,
     pipeline_options=("is_distilled",),
 )

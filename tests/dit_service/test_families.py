@@ -31,8 +31,9 @@ from dit_service.model_state import warmup_job
 from dit_service.render_job import EditInput, RenderCancelled, RenderItem, RenderJob, RenderOutcome
 from dit_service.renderer import Renderer
 from dit_service.settings import DitSettings
+from dit_service.step_cache import hook_config
 from services.checkpoints import FLUX2_KLEIN_MODEL, Z_IMAGE_MODEL, default_model_dir
-from shared.diffusion import DiffusionParams, FirstBlockCache
+from shared.diffusion import DiffusionParams, FirstBlockCache, TaylorSeerCache
 from shared.errors import InvalidDiffusionParams
 from shared.result_frames import ImageFrame, PartialImageFrame, ProgressFrame, ResultFrame
 from tests.conftest import require_checkpoint
@@ -190,20 +191,47 @@ def test_a_consumer_that_leaves_stops_the_run_at_the_next_step(models, family):
     assert [type(f) for f in frames] == [ProgressFrame]
 
 
+def test_flux2_kleins_taylorseer_cache_is_diffusers_own_hook_on_the_same_run(models):
+    """FLUX.2's transformer runs diffusers' TaylorSeer hook (``CacheMixin``): the service's picture is diffusers'
+    pipeline with the same hook, to the byte, and steps were extrapolated rather than computed."""
+    family, cache = FLUX2_KLEIN, TaylorSeerCache(method="taylorseer", interval=3)
+    reference = reference_pipeline(family)
+    with torch.no_grad():
+        rows = family.rows(reference, PROMPT)
+    service = renderer(models, family)
+    job = RenderJob("r", conditioning(rows), params(family, seed=7, num_inference_steps=8, step_cache=cache))
+    [frame] = [f for f in frames_of(service, job) if isinstance(f, ImageFrame)]
+    reused = service.metrics.step_cache_passes.labels("taylorseer", "reused")._value.get()
+    reference.transformer.enable_cache(hook_config(cache, torch.float32))
+    try:
+        expected = reference(
+            prompt_embeds=family.prompt_embeds(rows),
+            height=SIZE,
+            width=SIZE,
+            num_inference_steps=8,
+            guidance_scale=family.guidance_scale,
+            generator=torch.Generator("cpu").manual_seed(7),
+        ).images[0]
+    finally:
+        reference.transformer.disable_cache()
+    assert np.array_equal(pixels(frame.data), np.asarray(expected))
+    assert reused > 0
+
+
 @pytest.mark.parametrize(
-    ("family", "layers", "hidden_size", "max_guidance_scale"),
-    [(Z_IMAGE, [3], 128, 0.0), (FLUX2_KLEIN, [9, 18, 27], 384, 1.0)],
+    ("family", "layers", "hidden_size", "max_guidance_scale", "step_caches"),
+    [(Z_IMAGE, [3], 128, 0.0, []), (FLUX2_KLEIN, [9, 18, 27], 384, 1.0, ["taylorseer"])],
     ids=["z_image", "flux2_klein"],
 )
 def test_each_family_announces_its_rows_and_refuses_what_it_does_not_run(
-    models, family, layers, hidden_size, max_guidance_scale
+    models, family, layers, hidden_size, max_guidance_scale, step_caches
 ):
     model = models[family.model]
     caps = dit_capabilities(DitSettings(model_dir=family.path), model)
     assert caps.rows is not None and caps.rows == model.card.rows
     assert (caps.rows.layers, caps.rows.final_norm, caps.rows.conditioning) == (layers, False, "every_row")
     assert caps.hidden_size == hidden_size
-    assert (caps.limits.step_caches, caps.defaults.step_cache) == ([], None)
+    assert (caps.limits.step_caches, caps.defaults.step_cache) == (step_caches, None)
     assert caps.limits.max_guidance_scale == max_guidance_scale == caps.defaults.guidance_scale
     assert (caps.limits.max_partial_images, caps.limits.edits) == (0, False)
     refused = {
