@@ -41,6 +41,7 @@ def dit_capabilities(settings: DitSettings, model: DitModel) -> DitCapabilities:
         hidden_size=facts.joint_attention_dim,
         rows=card.rows,
         conditioning=ConditioningAdapters.names(),
+        cfg_above=family.cfg_above,
         limits=DiffusionLimits(
             size_multiple=facts.size_multiple,
             max_pixels=settings.max_pixels,

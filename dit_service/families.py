@@ -13,10 +13,10 @@ Qwen-Image runs every feature. Z-Image and FLUX.2 [klein] run text to image only
 - step caches: diffusers' cache hooks are ``CacheMixin.enable_cache``, which Z-Image's transformer does not have.
   FLUX.2's has it, and runs TaylorSeer; its First Block Cache fails in diffusers 0.42 (the hook subtracts the
   dual-stream first block's output, a pair, from a tensor: TypeError), so FLUX.2 offers TaylorSeer only.
-- guidance: ardit's CFG is Qwen-Image's ``true_cfg_scale`` above 1 against the AR's negative rows. ZImagePipeline
-  runs CFG at any scale above 0, against negative rows the AR does not send it: capped at 0. Flux2KleinPipeline
-  runs CFG above 1 only for an undistilled model, against negative rows the AR does not send it either, and a
-  distilled one ignores guidance (diffusers only warns): capped at 1, so more is refused, not silently ignored.
+- guidance: a family's ``guidance_scale`` means what its pipeline means by it, and CFG runs where its pipeline runs
+  it, against the AR's negative rows: Qwen-Image's ``true_cfg_scale`` above 1, ZImagePipeline's above 0
+  (``cfg_above``, announced). Flux2KleinPipeline runs CFG above 1 only for an undistilled model, and a distilled one
+  ignores guidance (diffusers only warns): capped at 1, so more is refused, not silently ignored.
 """
 
 from __future__ import annotations
@@ -63,8 +63,10 @@ class Family:
     batches: bool
     # The step-cache methods diffusers' hooks run on its transformer.
     step_caches: tuple[StepCacheMethod, ...]
-    # The most guidance its pipeline renders as ardit means it (inf: no cap beyond the operator's).
+    # The most guidance its pipeline renders as asked (inf: no cap beyond the operator's).
     max_guidance_scale: float = math.inf
+    # Its pipeline runs classifier-free guidance at a guidance scale above this (``DiffusionParams.cfg_above``).
+    cfg_above: float = 1.0
     # The loaded pipeline's own config options each request's pipeline is built with too.
     pipeline_options: tuple[str, ...] = ()
 
@@ -107,7 +109,7 @@ Z_IMAGE = Family(
     service_decodes=False,
     batches=False,
     step_caches=(),
-    max_guidance_scale=0.0,
+    cfg_above=0.0,
 )
 FLUX2_KLEIN = Family(
     name="Flux2KleinPipeline",

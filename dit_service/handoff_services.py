@@ -76,10 +76,10 @@ def serve_model(
         max_consecutive_failures=settings.max_consecutive_pipeline_failures,
     )
     policy = OpenFramePolicy(capabilities, adapters, settings.expected_model)
-    limits, defaults = capabilities.limits, capabilities.defaults
+    limits = capabilities.limits
     warmup = Warmup(
         Renderer(model, vae, encoder, DitMetrics(CollectorRegistry())),
-        defaults.params(),
+        capabilities.default_params(),
         limits.min_inference_steps,
         limits.max_inference_steps,
     )

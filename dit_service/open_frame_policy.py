@@ -72,6 +72,13 @@ class OpenFramePolicy:
                 )
         params = frame.diffusion
         self._capabilities.limits.check(params)
+        if params.cfg_above != self._capabilities.cfg_above:
+            # The sender guided by another family's rule: it would send negative rows this pipeline ignores, or
+            # none where it runs CFG.
+            raise InvalidDiffusionParams(
+                f"guidance runs above {self._capabilities.cfg_above} here, not above {params.cfg_above}",
+                param="guidance_scale",
+            )
         if frame.edit is not None and not self._capabilities.limits.edits:
             raise InvalidDiffusionParams("this image model does not edit images", param="image")
         if params.cfg and "uncond" not in frame.streams:

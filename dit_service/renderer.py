@@ -160,15 +160,21 @@ class Renderer:
         """The round's rows as the family's pipeline takes them, and its guidance."""
         device, params = self.model.facts.device, jobs[0].params
         cond = [job.conditioning for job in jobs]
+        form: Callable[[list[torch.Tensor]], list[torch.Tensor] | torch.Tensor]
         match self.model.family.prompt_embeds:
             case "padded_with_mask":
                 return self._padded_conditioning(cond, params)
             case "list_of_rows":
-                embeds: list[torch.Tensor] | torch.Tensor = [_valid_rows(c).to(device) for c in cond]
+                form = functools.partial(_listed, device=device)
             case "rows":
-                embeds = torch.stack([_valid_rows(c) for c in cond]).to(device)
-        # The guidance caps (``dit_service.families``) keep these families from CFG, which needs negative rows.
-        return {"prompt_embeds": embeds, "guidance_scale": params.guidance_scale}
+                form = functools.partial(_stacked, device=device)
+        inputs: dict[str, Any] = {
+            "prompt_embeds": form([_valid_rows(c.prompt_embeds, c.prompt_embeds_mask) for c in cond]),
+            "guidance_scale": params.guidance_scale,
+        }
+        if params.cfg:
+            inputs["negative_prompt_embeds"] = form([_valid_rows(*_negative(c)) for c in cond])
+        return inputs
 
     def _padded_conditioning(self, cond: list[Conditioning], params: DiffusionParams) -> dict[str, Any]:
         """Each job's rows, right-padded to the round's longest with a mask; the negative ones with CFG."""
@@ -315,9 +321,26 @@ def _one_by_one(job: RenderJob) -> list[list[_Image]]:
     return [[_Image(0, index)] for index in range(job.params.num_images)]
 
 
-def _valid_rows(conditioning: Conditioning) -> torch.Tensor:
-    """[L_valid, D]: the rows the mask keeps (valid rows come first, pads after)."""
-    return conditioning.prompt_embeds[0, conditioning.prompt_embeds_mask[0].bool()]
+def _valid_rows(embeds: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[L_valid, D]: the rows of [1, L, D] ``embeds`` the mask keeps (valid rows come first, pads after)."""
+    return embeds[0, mask[0].bool()]
+
+
+def _negative(conditioning: Conditioning) -> tuple[torch.Tensor, torch.Tensor]:
+    embeds, mask = conditioning.negative_prompt_embeds, conditioning.negative_prompt_embeds_mask
+    if embeds is None or mask is None:
+        raise ValueError("CFG needs every job's negative conditioning")
+    return embeds, mask
+
+
+def _listed(rows: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """Z-Image's form: one [L_i, D] tensor of each image's rows."""
+    return [r.to(device) for r in rows]
+
+
+def _stacked(rows: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """FLUX.2's form: [B, L, D] of the rows alone (one length: its jobs never share a run)."""
+    return torch.stack(rows).to(device)
 
 
 def _padded(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:

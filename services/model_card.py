@@ -76,7 +76,8 @@ class ModelCard(BaseModel):
 #   steps with ``true_cfg_scale=4`` and ``negative_prompt=" "``. It lists other aspect ratios too, not all of them
 #   multiples of 16, which diffusers would silently round down: no list, any multiple of 16 is drawn. Rows:
 #   ``hidden_states[-1]``, its own template, the template's rows dropped (the recipe's defaults).
-# - Z-Image-Turbo's card and diffusers' ZImagePipeline example: 1024x1024, 9 steps, ``guidance_scale=0``. Rows:
+# - Z-Image-Turbo's card and diffusers' ZImagePipeline example: 1024x1024, 9 steps, ``guidance_scale=0``; with
+#   guidance, CFG against ZImagePipeline's default negative prompt, "" (its ``encode_prompt``). Rows:
 #   ``hidden_states[-2]`` (before the final norm) of the chat template with ``enable_thinking=True``, every
 #   unpadded row kept.
 # - FLUX.2 [klein]'s distilled models and diffusers' Flux2KleinPipeline example: 1024x1024, 4 steps,
@@ -99,6 +100,7 @@ PUBLISHED_CARDS: dict[str, ModelCard] = {
         default_size="1024x1024",
         default_num_inference_steps=9,
         default_guidance_scale=0.0,
+        default_negative_prompt="",
         rows=RowRecipe(
             layers=[-2],
             final_norm=False,

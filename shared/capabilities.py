@@ -161,14 +161,16 @@ class DiffusionDefaults(WireModel):
     # it announces none, and gets Qwen-Image's.
     negative_prompt: Annotated[str, Field(max_length=4096)] = " "
 
-    def params(self, num_inference_steps: int | None = None) -> DiffusionParams:
-        """The default request's diffusion parameters (``num_inference_steps``: another step count)."""
+    def params(self, num_inference_steps: int | None = None, cfg_above: float = 1.0) -> DiffusionParams:
+        """The default request's diffusion parameters (``num_inference_steps``: another step count), guided above
+        ``cfg_above`` as the DiT announces it."""
         return DiffusionParams(
             width=self.width,
             height=self.height,
             num_inference_steps=num_inference_steps or self.num_inference_steps,
             guidance_scale=self.guidance_scale,
             seed=0,
+            cfg_above=cfg_above,
         )
 
 
@@ -241,6 +243,9 @@ class DitCapabilities(WireModel):
     rows: RowRecipe | None = None
     # The conditioning adapters it knows (``rows.conditioning`` is one of them where rows are known).
     conditioning: list[str]
+    # The guidance scale its pipeline runs classifier-free guidance above (``DiffusionParams.cfg_above``): its
+    # family's, 1 for Qwen-Image (absent from a DiT that predates it), 0 for Z-Image.
+    cfg_above: Annotated[float, Field(ge=0.0)] = 1.0
     limits: DiffusionLimits
     defaults: DiffusionDefaults
     capacity: DitCapacity
@@ -248,6 +253,10 @@ class DitCapabilities(WireModel):
     # until it has measured the pair's own, and the split of a request's time into its parts after that. None: not
     # measured (a DiT that predates it).
     pace: Pace | None = None
+
+    def default_params(self, num_inference_steps: int | None = None) -> DiffusionParams:
+        """The default request's diffusion parameters, as this DiT guides them."""
+        return self.defaults.params(num_inference_steps, self.cfg_above)
 
     @classmethod
     def common(cls, all_capabilities: Sequence[DitCapabilities]) -> DitCapabilities:

@@ -111,6 +111,10 @@ class DiffusionParams(WireModel):
     sigmas: Sigmas[float] | None = None
     # Skip transformer work between steps (diffusers' cache hooks); only a method the DiT announced.
     step_cache: StepCache | None = None
+    # Classifier-free guidance runs at a guidance scale above this: the DiT's family's, as it announces it
+    # (Qwen-Image's ``true_cfg_scale`` above 1, Z-Image's ``guidance_scale`` above 0). Added within version 4:
+    # absent, Qwen-Image's 1.
+    cfg_above: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 1.0
 
     @model_validator(mode="after")
     def _one_sigma_per_step(self) -> DiffusionParams:
@@ -124,10 +128,10 @@ class DiffusionParams(WireModel):
 
     @property
     def cfg(self) -> bool:
-        """Classifier-free guidance runs above a scale of 1 (Qwen-Image's ``true_cfg_scale``): the transformer
-        then runs on the negative prompt's rows too, which the AR encodes for it. At 1 or less it would change
-        nothing."""
-        return self.guidance_scale > 1.0
+        """Classifier-free guidance runs above ``cfg_above`` (Qwen-Image's ``true_cfg_scale`` above 1, where 1
+        would change nothing; Z-Image's ``guidance_scale`` above 0): the transformer then runs on the negative
+        prompt's rows too, which the AR encodes for it."""
+        return self.guidance_scale > self.cfg_above
 
     @property
     def megapixels(self) -> float:

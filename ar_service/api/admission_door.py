@@ -134,7 +134,7 @@ class AdmissionDoor:
         self._arrivals += 1
         self._last_arrival = time.monotonic()
         try:
-            unread = self._admission.unread_load(Load.of(dits.defaults.params()))
+            unread = self._admission.unread_load(Load.of(dits.default_params()))
             return self._admission.enter(capacity, unread, dits.pace)
         except ApiError as refused:
             return refused

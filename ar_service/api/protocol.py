@@ -185,7 +185,9 @@ class ImageRequest(_Request):
     )
     guidance_scale: Annotated[Number, Field(ge=0.0)] | None = Field(
         None,
-        description="Classifier-free guidance: above 1 the AR encodes the negative prompt too (default: the DiT's).",
+        description="Classifier-free guidance, as the image model's pipeline means it: above the scale the DiT "
+        "announces (`cfg_above`: 1 for Qwen-Image's true_cfg_scale, 0 for Z-Image) the AR encodes the negative "
+        "prompt too (default: the DiT's).",
     )
     step_cache: StepCacheRequest | None = Field(
         None,
@@ -197,7 +199,8 @@ class ImageRequest(_Request):
     negative_prompt: Annotated[StrictStr, Field(max_length=MAX_PROMPT_CHARS)] | None = Field(
         None,
         description="What CFG steers away from (default: `ARDIT_AR_DEFAULT_NEGATIVE_PROMPT`, else the DiT's, its "
-        "model card's; Qwen-Image's `\" \"`); ignored, and not encoded, when `guidance_scale` is 1 or less.",
+        'model card\'s: Qwen-Image\'s `" "`, Z-Image\'s `""`); ignored, and not encoded, where `guidance_scale` runs '
+        "no CFG (1 or less for Qwen-Image, 0 for Z-Image).",
     )
     max_new_tokens: Annotated[Integer, Field(ge=1)] | None = Field(
         None,

@@ -208,6 +208,7 @@ class RequestValidator:
             partial_images=body.partial_images if body.stream else 0,
             sigmas=body.sigmas,
             step_cache=_default_step_cache(dit) if body.step_cache is None else body.step_cache.on_wire(),
+            cfg_above=dit.cfg_above,
         )
         dit.limits.check(params)
         return params

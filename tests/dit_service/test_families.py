@@ -191,6 +191,35 @@ def test_a_consumer_that_leaves_stops_the_run_at_the_next_step(models, family):
     assert [type(f) for f in frames] == [ProgressFrame]
 
 
+def test_a_z_image_picture_with_guidance_equals_diffusers_cfg_against_the_same_negative_rows(models):
+    """ZImagePipeline runs CFG at any guidance above 0: the service hands it the negative rows as its
+    ``negative_prompt_embeds`` (its default negative prompt is "", which the AR encodes for it)."""
+    family = Z_IMAGE
+    reference = reference_pipeline(family)
+    with torch.no_grad():
+        rows, negative = family.rows(reference, PROMPT), family.rows(reference, "")
+    cond = conditioning(rows)
+    uncond = conditioning(negative)
+    both = Conditioning(cond.prompt_embeds, cond.prompt_embeds_mask, uncond.prompt_embeds, uncond.prompt_embeds_mask)
+    job_params = params(family, seed=7, guidance_scale=4.0, cfg_above=0.0)
+    assert job_params.cfg
+    [frame] = [
+        f for f in frames_of(renderer(models, family), RenderJob("r", both, job_params)) if isinstance(f, ImageFrame)
+    ]
+    expected = reference(
+        prompt_embeds=[rows],
+        negative_prompt_embeds=[negative],
+        height=SIZE,
+        width=SIZE,
+        num_inference_steps=3,
+        guidance_scale=4.0,
+        generator=torch.Generator("cpu").manual_seed(7),
+    ).images[0]
+    assert np.array_equal(pixels(frame.data), np.asarray(expected))
+    unguided = frames_of(renderer(models, family), RenderJob("r", conditioning(rows), params(family, seed=7)))
+    assert not np.array_equal(pixels(frame.data), pixels(next(f for f in unguided if isinstance(f, ImageFrame)).data))
+
+
 def test_flux2_kleins_taylorseer_cache_is_diffusers_own_hook_on_the_same_run(models):
     """FLUX.2's transformer runs diffusers' TaylorSeer hook (``CacheMixin``): the service's picture is diffusers'
     pipeline with the same hook, to the byte, and steps were extrapolated rather than computed."""
@@ -219,12 +248,12 @@ def test_flux2_kleins_taylorseer_cache_is_diffusers_own_hook_on_the_same_run(mod
 
 
 @pytest.mark.parametrize(
-    ("family", "layers", "hidden_size", "max_guidance_scale", "step_caches"),
-    [(Z_IMAGE, [3], 128, 0.0, []), (FLUX2_KLEIN, [9, 18, 27], 384, 1.0, ["taylorseer"])],
+    ("family", "layers", "hidden_size", "max_guidance_scale", "cfg_above", "step_caches"),
+    [(Z_IMAGE, [3], 128, 50.0, 0.0, []), (FLUX2_KLEIN, [9, 18, 27], 384, 1.0, 1.0, ["taylorseer"])],
     ids=["z_image", "flux2_klein"],
 )
 def test_each_family_announces_its_rows_and_refuses_what_it_does_not_run(
-    models, family, layers, hidden_size, max_guidance_scale, step_caches
+    models, family, layers, hidden_size, max_guidance_scale, cfg_above, step_caches
 ):
     model = models[family.model]
     caps = dit_capabilities(DitSettings(model_dir=family.path), model)
@@ -232,7 +261,8 @@ def test_each_family_announces_its_rows_and_refuses_what_it_does_not_run(
     assert (caps.rows.layers, caps.rows.final_norm, caps.rows.conditioning) == (layers, False, "every_row")
     assert caps.hidden_size == hidden_size
     assert (caps.limits.step_caches, caps.defaults.step_cache) == (step_caches, None)
-    assert caps.limits.max_guidance_scale == max_guidance_scale == caps.defaults.guidance_scale
+    assert (caps.limits.max_guidance_scale, caps.cfg_above) == (max_guidance_scale, cfg_above)
+    assert caps.defaults.guidance_scale == family.guidance_scale  # the card's
     assert (caps.limits.max_partial_images, caps.limits.edits) == (0, False)
     refused = {
         "guidance_scale": params(family, guidance_scale=max_guidance_scale + 0.5),

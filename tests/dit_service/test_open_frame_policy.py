@@ -9,7 +9,7 @@ import torch
 
 from dit_service.conditioning import ConditioningAdapters, ConditioningOptions
 from dit_service.open_frame_policy import OpenFramePolicy
-from shared.errors import ConditioningMismatch
+from shared.errors import ConditioningMismatch, InvalidDiffusionParams
 from shared.frames import OpenFrame
 from shared.row_recipe import RowRecipe
 from tests.dit_service.handoff_requests import open_frame, params
@@ -65,6 +65,13 @@ def test_rows_for_another_adapter_than_the_cards_are_a_conditioning_mismatch():
     with pytest.raises(ConditioningMismatch) as refused:
         policy(RowRecipe(layers=[8])).check(frame(8, conditioning="every_row"))
     assert refused.value.param == "conditioning" and "'qwen_image'" in refused.value.message
+
+
+def test_an_open_guided_by_another_familys_rule_is_refused_naming_guidance_scale():
+    zero = open_frame(4, diffusion=params(width=64, height=48, cfg_above=0.0), layers=(8,))
+    with pytest.raises(InvalidDiffusionParams) as refused:
+        policy(RowRecipe(layers=[8])).check(zero)
+    assert refused.value.param == "guidance_scale" and "above 1.0" in refused.value.message
 
 
 def test_a_card_that_names_no_recipe_takes_rows_of_any_one_layer_on_either_side_of_the_norm_but_not_of_several():

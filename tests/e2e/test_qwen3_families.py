@@ -6,9 +6,11 @@ services given that folder and nothing else of the model, in fp32.
 What conditions the DiT equals the pipeline's ``encode_prompt``: the chat template's token ids, every row kept,
 within 5e-5 (Z-Image: ``hidden_states[-2]`` before the final norm; FLUX.2: layers 9, 18 and 27 side by side, its
 real rows: a causal engine cannot compute the 512-row padding's, benchmarks/results/flux2_pad_rows.md). The
-pictures equal the pipeline's ``__call__`` with the same seed within 2/255 (FLUX.2: given those real rows). A
-shared style prefix is a prefix-cache hit that renders bitwise what a miss renders. What a family cannot do
-(previews, edits, step caches, guidance its pipeline would run otherwise) is a 400 naming the parameter.
+pictures equal the pipeline's ``__call__`` with the same seed within 2/255 (FLUX.2: given those real rows; Z-Image
+with CFG too, against its default negative prompt). A shared style prefix is a prefix-cache hit that renders
+bitwise what a miss renders. What a family cannot do (previews, edits, a step cache diffusers does not run on it,
+guidance a distilled FLUX.2 ignores) is a 400 naming the parameter. ``make run`` serves each given the DiT's folder
+alone.
 ``test_the_checks_catch_*`` show that the row check fails on another layer, the other side of the norm or the
 other chat template.
 """
@@ -37,8 +39,10 @@ from dit_service.app import create_dit_app
 from dit_service.conditioning import Conditioning, ConditioningAdapter
 from dit_service.settings import DitSettings
 from services.checkpoints import FLUX2_KLEIN_MODEL, Z_IMAGE_MODEL, default_model_dir
+from services.model_card import ModelCard
 from shared.handoff_assembler import AssembledHandoff
 from tests.conftest import HANDOFF_TOKEN, require_checkpoint
+from tests.support.launched_pair import launched_pair
 from tests.support.live_server import LiveServer
 
 pytestmark = pytest.mark.slow
@@ -85,6 +89,7 @@ class Recorder:
 
     def __init__(self) -> None:
         self.seen: list[tuple[AssembledHandoff, Conditioning]] = []
+        self.negative: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
 
     def wrap(self, select):
         def recorded(adapter: ConditioningAdapter, handoff: AssembledHandoff) -> Conditioning:
@@ -97,8 +102,15 @@ class Recorder:
     def take(self) -> tuple[AssembledHandoff, torch.Tensor]:
         ((handoff, conditioning),) = self.seen
         self.seen.clear()
+        self.negative = conditioning.negative_prompt_embeds, conditioning.negative_prompt_embeds_mask
         mask = conditioning.prompt_embeds_mask
         return handoff, conditioning.prompt_embeds[0, : int(mask.sum())]
+
+    def negative_rows(self) -> torch.Tensor:
+        """The last request's negative rows (with CFG)."""
+        embeds, mask = self.negative
+        assert embeds is not None and mask is not None
+        return embeds[0, : int(mask.sum())]
 
 
 @dataclass
@@ -159,8 +171,9 @@ def encoded(family: Family, pipeline: Any, prompt: str) -> torch.Tensor:
     return embeds[0, :real].float()
 
 
-def rendered(family: Family, pipeline: Any, prompt: str, seed: int = SEED) -> np.ndarray:
-    """The pipeline's own picture: Z-Image's from the prompt; FLUX.2's from its ``encode_prompt``'s real rows."""
+def rendered(family: Family, pipeline: Any, prompt: str, seed: int = SEED, guidance: float | None = None) -> np.ndarray:
+    """The pipeline's own picture: Z-Image's from the prompt (CFG against its default negative prompt, "", where
+    ``guidance`` is above 0); FLUX.2's from its ``encode_prompt``'s real rows."""
     width, height = map(int, SIZE.split("x"))
     common: dict[str, Any] = dict(
         height=height,
@@ -170,7 +183,7 @@ def rendered(family: Family, pipeline: Any, prompt: str, seed: int = SEED) -> np
         output_type="np",
     )
     if family.pipeline is ZImagePipeline:
-        image = pipeline(prompt=prompt, guidance_scale=0.0, **common).images[0]
+        image = pipeline(prompt=prompt, guidance_scale=guidance or 0.0, **common).images[0]
     else:
         rows = encoded(family, pipeline, prompt)[None]
         image = pipeline(prompt_embeds=rows, guidance_scale=1.0, **common).images[0]
@@ -232,19 +245,33 @@ def test_a_shared_style_prefix_is_a_cache_hit_that_renders_what_a_miss_renders(p
     assert torch.equal(hit_rows, miss_rows) and np.array_equal(hit_image, miss_image)
 
 
-@pytest.mark.parametrize(
-    "extra, param",
-    [
-        ({"step_cache": {"method": "first_block", "threshold": 0.2}}, "step_cache"),
-        ({"guidance_scale": 1.5}, "guidance_scale"),
-    ],
-    ids=["step-cache", "guidance"],
-)
-def test_what_the_family_cannot_do_is_a_400_naming_it(pair, extra, param):
+def test_guidance_is_what_the_familys_pipeline_does_with_it(pair, reference):
+    """Z-Image's ``guidance_scale`` is ZImagePipeline's: CFG above 0, against its default negative prompt ("", its
+    chat template's rows); a distilled FLUX.2 [klein] ignores guidance, so more than 1 is a 400, not ignored."""
+    if pair.family.pipeline is Flux2KleinPipeline:
+        with pytest.raises(openai.BadRequestError) as refused:
+            pair.generate(PROMPTS[0], guidance_scale=1.5)
+        assert isinstance(refused.value.body, dict) and refused.value.body["param"] == "guidance_scale"
+        assert pair.recorder.seen == []
+        return
+    image, handoff, _, _ = pair.generate(PROMPTS[1], guidance_scale=4.0)
+    assert handoff.open.diffusion.cfg and "uncond" in handoff.streams
+    check_rows(pair.recorder.negative_rows(), encoded(pair.family, reference, ""))
+    check_pixels(image, rendered(pair.family, reference, PROMPTS[1], guidance=4.0))
+
+
+def test_a_step_cache_the_family_does_not_run_is_a_400_naming_it_and_flux2s_taylorseer_renders(pair):
     with pytest.raises(openai.BadRequestError) as refused:
-        pair.generate(PROMPTS[0], **extra)
-    assert isinstance(refused.value.body, dict) and refused.value.body["param"] == param
+        pair.generate(PROMPTS[0], step_cache={"method": "first_block", "threshold": 0.2})
+    assert isinstance(refused.value.body, dict) and refused.value.body["param"] == "step_cache"
     assert pair.recorder.seen == []
+    taylorseer = {"method": "taylorseer", "interval": 2}
+    if pair.family.pipeline is Flux2KleinPipeline:
+        image, _, _, _ = pair.generate(PROMPTS[0], step_cache=taylorseer)
+        assert image.shape == (64, 64, 3)
+    else:
+        with pytest.raises(openai.BadRequestError):
+            pair.generate(PROMPTS[0], step_cache=taylorseer)
 
 
 def test_previews_and_edits_are_400s_naming_them(pair):
@@ -296,3 +323,18 @@ def test_the_checks_catch_another_layer_the_other_side_of_the_norm_or_the_other_
     for candidate in wrong.values():
         with pytest.raises(AssertionError):
             check_rows(candidate, right)
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_make_run_serves_the_family_given_the_dits_folder_alone(name, tmp_path):
+    """``ARDIT_DIT_MODEL_DIR`` alone, as README says: the launcher gives the AR the same folder, the AR reads rows as
+    its card says, the pair answers an image, and the launcher stops both services cleanly."""
+    folder = require_checkpoint(FAMILIES[name].folder)
+    with launched_pair(tmp_path / "launcher.log", folder) as launched:
+        card = ModelCard.read(folder).rows
+        announced = httpx.get(f"{launched.dit_url}/readyz", timeout=10).json()["capabilities"]
+        assert card is not None and announced["rows"] == card.model_dump()
+        services = [launched.service("ar_service"), launched.service("dit_service")]
+        assert launched.generate(num_inference_steps=STEPS).status_code == 200
+    assert launched.launcher.returncode == 0
+    assert not any(service.is_running() for service in services)

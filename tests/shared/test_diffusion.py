@@ -59,3 +59,11 @@ def test_a_step_cache_travels_by_its_method_and_its_knob():
     params = DiffusionParams.model_validate({**base, "step_cache": {"method": "taylorseer", "interval": 3}})
     assert params.step_cache == TaylorSeerCache(method="taylorseer", interval=3)
     assert "step_cache" not in DiffusionParams.model_validate(base).model_dump(exclude_none=True)
+
+
+def test_cfg_runs_above_the_scale_the_dits_family_guides_from():
+    qwen_image = DiffusionParams(width=64, height=64, num_inference_steps=2, guidance_scale=1.0, seed=0)
+    assert not qwen_image.cfg and qwen_image.model_copy(update={"guidance_scale": 1.5}).cfg
+    z_image = qwen_image.model_copy(update={"guidance_scale": 0.5, "cfg_above": 0.0})
+    assert z_image.cfg and not z_image.model_copy(update={"guidance_scale": 0.0}).cfg
+    assert z_image.work == 2 * z_image.model_copy(update={"guidance_scale": 0.0}).work
