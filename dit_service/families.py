@@ -9,7 +9,8 @@ Qwen-Image runs every feature. Z-Image and FLUX.2 [klein] run text to image only
 - previews and edits: the service decodes and encodes the pipeline's latents itself (``VaeCodec``), and it knows
   Qwen-Image's latents only; these pipelines decode their own picture.
 - batching: FLUX.2's transformer takes no mask over the rows, so jobs whose rows differ in length cannot share a
-  run; Z-Image is kept to one job a run too, until a batch of it is measured against the same jobs alone.
+  run. ZImagePipeline takes each image's rows as a list and masks them itself: a batch renders each picture as
+  alone but for float rounding (tests/dit_service/test_families.py).
 - step caches: diffusers' cache hooks are ``CacheMixin.enable_cache``, which Z-Image's transformer does not have.
   FLUX.2's has it, and runs TaylorSeer; its First Block Cache fails in diffusers 0.42 (the hook subtracts the
   dual-stream first block's output, a pair, from a tensor: TypeError), so FLUX.2 offers TaylorSeer only.
@@ -107,7 +108,7 @@ Z_IMAGE = Family(
     rows_width="cap_feat_dim",
     prompt_embeds="list_of_rows",
     service_decodes=False,
-    batches=False,
+    batches=True,
     step_caches=(),
     cfg_above=0.0,
 )

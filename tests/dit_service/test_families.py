@@ -275,14 +275,35 @@ def test_each_family_announces_its_rows_and_refuses_what_it_does_not_run(
         assert refusal.value.param == param
 
 
-@FAMILIES
-def test_jobs_of_these_families_never_share_a_run(models, family):
+def test_flux2_klein_jobs_never_share_a_run():
     """FLUX.2's transformer takes no mask over the rows, so rows of different lengths cannot share a batch."""
-    runner = renderer(models, family)
-    jobs = [RenderJob(name, conditioning(some_rows(models[family.model])), params(family)) for name in "ab"]
+    model = DitModel.load(FLUX2_KLEIN.path, "cpu", "float32")
+    runner = Renderer(model, None, ImageEncoder(), DitMetrics(CollectorRegistry()))
+    jobs = [RenderJob(name, conditioning(some_rows(model)), params(FLUX2_KLEIN)) for name in "ab"]
     assert not runner.batches
     with pytest.raises(ValueError, match="cannot share a batch"):
         runner.render([RenderItem(job, lambda frame: None, threading.Event()) for job in jobs])
+
+
+def test_a_batched_z_image_picture_is_the_picture_rendered_alone(models):
+    """ZImagePipeline takes each image's rows as a list, of any lengths, and masks them itself: jobs of 11 and 23
+    rows share a run, and each picture equals the job rendered alone but for float rounding (1 level, as
+    Qwen-Image's batches, tests/dit_service/test_renderer.py)."""
+    runner, model = renderer(models, Z_IMAGE), models[Z_IMAGE.model]
+    jobs = [
+        RenderJob(name, conditioning(some_rows(model, count)), params(Z_IMAGE, seed=seed))
+        for name, count, seed in (("a", 11, 1), ("b", 23, 2))
+    ]
+    assert runner.batches and jobs[0].batch_key == jobs[1].batch_key is not None
+    frames: dict[str, list[ResultFrame]] = {job.request_id: [] for job in jobs}
+    items = [RenderItem(job, frames[job.request_id].append, threading.Event()) for job in jobs]
+    assert not any(isinstance(outcome, RenderCancelled) for outcome in runner.render(items))
+    for job in jobs:
+        [batched] = [f for f in frames[job.request_id] if isinstance(f, ImageFrame)]
+        [alone] = [f for f in frames_of(runner, job) if isinstance(f, ImageFrame)]
+        assert np.abs(pixels(batched.data) - pixels(alone.data)).max() <= 1
+        steps = [f.step for f in frames[job.request_id] if isinstance(f, ProgressFrame)]
+        assert steps == [1, 2, 3]
 
 
 @FAMILIES
