@@ -101,6 +101,20 @@ def reference_pipeline(family: FamilyUnderTest) -> Any:
     return pipeline
 
 
+def diffusers_picture(reference: Any, prompt_embeds: Any, guidance: float, steps: int, **extra: Any) -> np.ndarray:
+    """diffusers' own ``__call__`` given the rows, at seed 7."""
+    image = reference(
+        prompt_embeds=prompt_embeds,
+        height=SIZE,
+        width=SIZE,
+        num_inference_steps=steps,
+        guidance_scale=guidance,
+        generator=torch.Generator("cpu").manual_seed(7),
+        **extra,
+    ).images[0]
+    return np.asarray(image).astype(int)
+
+
 def conditioning(rows: torch.Tensor) -> Conditioning:
     """``rows`` as the conditioning adapters hand them over: right-padded with zeros to the bucket, with a mask."""
     count = rows.shape[0]
@@ -147,15 +161,8 @@ def test_a_picture_equals_diffusers_own_pipeline_given_the_same_rows(models, fam
         rows = family.rows(reference, PROMPT)
     frames = frames_of(renderer(models, family), RenderJob("r", conditioning(rows), params(family, seed=7)))
     [frame] = [f for f in frames if isinstance(f, ImageFrame)]
-    expected = reference(
-        prompt_embeds=family.prompt_embeds(rows),
-        height=SIZE,
-        width=SIZE,
-        num_inference_steps=3,
-        guidance_scale=family.guidance_scale,
-        generator=torch.Generator("cpu").manual_seed(7),
-    ).images[0]
-    assert np.array_equal(pixels(frame.data), np.asarray(expected))
+    expected = diffusers_picture(reference, family.prompt_embeds(rows), family.guidance_scale, steps=3)
+    assert np.array_equal(pixels(frame.data), expected)
 
 
 @FAMILIES
@@ -206,16 +213,8 @@ def test_a_z_image_picture_with_guidance_equals_diffusers_cfg_against_the_same_n
     [frame] = [
         f for f in frames_of(renderer(models, family), RenderJob("r", both, job_params)) if isinstance(f, ImageFrame)
     ]
-    expected = reference(
-        prompt_embeds=[rows],
-        negative_prompt_embeds=[negative],
-        height=SIZE,
-        width=SIZE,
-        num_inference_steps=3,
-        guidance_scale=4.0,
-        generator=torch.Generator("cpu").manual_seed(7),
-    ).images[0]
-    assert np.array_equal(pixels(frame.data), np.asarray(expected))
+    expected = diffusers_picture(reference, [rows], 4.0, steps=3, negative_prompt_embeds=[negative])
+    assert np.array_equal(pixels(frame.data), expected)
     unguided = frames_of(renderer(models, family), RenderJob("r", conditioning(rows), params(family, seed=7)))
     assert not np.array_equal(pixels(frame.data), pixels(next(f for f in unguided if isinstance(f, ImageFrame)).data))
 
@@ -233,17 +232,10 @@ def test_flux2_kleins_taylorseer_cache_is_diffusers_own_hook_on_the_same_run(mod
     reused = service.metrics.step_cache_passes.labels("taylorseer", "reused")._value.get()
     reference.transformer.enable_cache(hook_config(cache, torch.float32))
     try:
-        expected = reference(
-            prompt_embeds=family.prompt_embeds(rows),
-            height=SIZE,
-            width=SIZE,
-            num_inference_steps=8,
-            guidance_scale=family.guidance_scale,
-            generator=torch.Generator("cpu").manual_seed(7),
-        ).images[0]
+        expected = diffusers_picture(reference, family.prompt_embeds(rows), family.guidance_scale, steps=8)
     finally:
         reference.transformer.disable_cache()
-    assert np.array_equal(pixels(frame.data), np.asarray(expected))
+    assert np.array_equal(pixels(frame.data), expected)
     assert reused > 0
 
 
