@@ -6,8 +6,11 @@ diffusers itself loads). Every family renders through its own diffusers pipeline
 
 Qwen-Image runs every feature. Z-Image and FLUX.2 [klein] run text to image only:
 
-- previews and edits: the service decodes and encodes the pipeline's latents itself (``VaeCodec``), and it knows
-  Qwen-Image's latents only; these pipelines decode their own picture.
+- previews: a preview is a latent the step callback estimates mid-run, which the service decodes as the family's
+  pipeline would (``decoder``): Qwen-Image's packed latents (``VaeCodec``), Z-Image's (``ZImageLatents``, four
+  public lines of its ``__call__``). FLUX.2's latents unpack through private methods of its pipeline: no previews.
+- edits: the service encodes an edit's image and decodes its picture itself (``VaeCodec``), Qwen-Image's only;
+  the other two pipelines decode their own pictures.
 - batching: FLUX.2's transformer takes no mask over the rows, so jobs whose rows differ in length cannot share a
   run. ZImagePipeline takes each image's rows as a list and masks them itself: a batch renders each picture as
   alone but for float rounding (tests/dit_service/test_families.py).
@@ -37,6 +40,8 @@ from diffusers import (
     ZImagePipeline,
 )
 
+from dit_service.vae_codec import VaeCodec
+from dit_service.z_image_latents import ZImageLatents
 from services.model_card import PIPELINE_INDEX
 from shared.diffusion import STEP_CACHE_METHODS, StepCacheMethod
 
@@ -46,6 +51,7 @@ PipelineKind = Literal["text_to_image", "image_to_image", "inpaint"]
 # - "list_of_rows": one [L_i, D] tensor of each image's own rows (Z-Image, as its ``encode_prompt`` gives them);
 # - "rows": [B, L, D] of the rows alone, no padding (FLUX.2: its transformer would attend to pad rows).
 PromptEmbedsForm = Literal["padded_with_mask", "list_of_rows", "rows"]
+LatentDecoder = VaeCodec | ZImageLatents
 
 
 @dataclass(frozen=True)
@@ -58,9 +64,11 @@ class Family:
     # The transformer config field that holds the width of its conditioning rows.
     rows_width: str
     prompt_embeds: PromptEmbedsForm
-    # The service decodes the pipeline's latents itself (``VaeCodec``), as previews and edits need; else the
-    # pipeline decodes its own picture.
+    # The service decodes the pipeline's latents itself (``VaeCodec``), as edits need; else the pipeline decodes its
+    # own picture.
     service_decodes: bool
+    # What decodes the family's latents in the service (previews, and finals where it decodes them); None: nothing.
+    decoder: type[LatentDecoder] | None
     batches: bool
     # The step-cache methods diffusers' hooks run on its transformer.
     step_caches: tuple[StepCacheMethod, ...]
@@ -73,7 +81,7 @@ class Family:
 
     @property
     def previews(self) -> bool:
-        return self.service_decodes
+        return self.decoder is not None
 
     @property
     def edits(self) -> bool:
@@ -99,6 +107,7 @@ QWEN_IMAGE = Family(
     rows_width="joint_attention_dim",
     prompt_embeds="padded_with_mask",
     service_decodes=True,
+    decoder=VaeCodec,
     batches=True,
     step_caches=STEP_CACHE_METHODS,
 )
@@ -108,6 +117,7 @@ Z_IMAGE = Family(
     rows_width="cap_feat_dim",
     prompt_embeds="list_of_rows",
     service_decodes=False,
+    decoder=ZImageLatents,
     batches=True,
     step_caches=(),
     cfg_above=0.0,
@@ -118,6 +128,7 @@ FLUX2_KLEIN = Family(
     rows_width="joint_attention_dim",
     prompt_embeds="rows",
     service_decodes=False,
+    decoder=None,
     batches=False,
     step_caches=("taylorseer",),
     max_guidance_scale=1.0,

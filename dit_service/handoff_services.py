@@ -24,7 +24,6 @@ from dit_service.render_scheduler import RenderScheduler
 from dit_service.renderer import Renderer
 from dit_service.result_stream import ResultStream
 from dit_service.settings import DitSettings
-from dit_service.vae_codec import VaeCodec
 from services.fatal import Fatal
 from services.heap import IdleRelease
 from shared.capabilities import DitCapabilities
@@ -49,8 +48,9 @@ def serve_model(
     idle: IdleRelease,
 ) -> tuple[HandoffServices, Warmup]:
     """The services over ``model``, and its warm-up."""
-    # Only a family whose latents the service decodes itself has a codec (the others' pipelines decode theirs).
-    vae, encoder = VaeCodec(model) if model.family.service_decodes else None, ImageEncoder()
+    # What decodes the family's latents here (previews; Qwen-Image's finals and edits too), where it has one.
+    decoder = model.family.decoder
+    vae, encoder = decoder(model) if decoder is not None else None, ImageEncoder()
     capabilities = dit_capabilities(settings, model)
     options = ConditioningOptions(
         special_token_ids=settings.special_token_ids,

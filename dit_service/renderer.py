@@ -10,7 +10,8 @@ item's ``emit`` as soon as they exist.
 
 Qwen-Image's pipeline returns latents and the service decodes them (``VaeCodec``: previews and edits
 decode and encode the same way); the other families' pipelines decode their own picture, so their
-``denoise`` time holds the decode (``dit_service.families``).
+``denoise`` time holds the decode, and Z-Image's previews are decoded as its pipeline decodes
+(``ZImageLatents``; ``dit_service.families``).
 
 A round is the images denoised by one pipeline call. A job's image ``i`` uses seed ``seed + i`` and
 its own generator, so an image does not depend on how many were asked for; a job with ``n`` images
@@ -36,7 +37,7 @@ import torch
 from prometheus_client import Histogram
 
 from dit_service.conditioning import Conditioning
-from dit_service.families import PipelineKind
+from dit_service.families import LatentDecoder, PipelineKind
 from dit_service.image_encoder import ImageEncoder
 from dit_service.metrics import DitMetrics
 from dit_service.model import DitModel, Pipeline
@@ -101,8 +102,9 @@ class _Round:
 @dataclass(frozen=True)
 class Renderer:
     model: DitModel
-    # None for a family whose pipeline decodes its own picture (it has no previews or edits).
-    vae: VaeCodec | None
+    # What decodes the family's latents here (``Family.decoder``: previews, and Qwen-Image's finals and edits); None
+    # for a family that has none (FLUX.2: no previews, its pipeline decodes its pictures).
+    vae: LatentDecoder | None
     encoder: ImageEncoder
     metrics: DitMetrics
 
@@ -277,16 +279,18 @@ class Renderer:
         """A pipeline's output → the picture the client gets (an edit's unmasked pixels are the input's own)."""
         if isinstance(output, PIL.Image.Image):
             return output  # decoded by the family's pipeline
-        vae = self._codec
-        image = vae.decode(output, job.params.height, job.params.width)
+        if self.vae is None:
+            raise ValueError(f"{self.model.family.name}: this renderer decodes no latents (its pipeline does)")
+        image = self.vae.decode(output, job.params.height, job.params.width)
         edit = job.edit
         if edit is not None and edit.mask is not None:
-            image = vae.pasted_back(image, edit.mask, edit.image)
+            image = self._codec.pasted_back(image, edit.mask, edit.image)
         return image
 
     @property
     def _codec(self) -> VaeCodec:
-        if self.vae is None:
+        """Qwen-Image's codec, which edits need (its encode and paste-back)."""
+        if not isinstance(self.vae, VaeCodec):
             raise ValueError(f"{self.model.family.name}: this renderer has no VAE codec (its pipeline decodes)")
         return self.vae
 

@@ -13,12 +13,15 @@ with the VAE's latent channel count through untouched). The arithmetic is the pi
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import PIL.Image
 import torch
 from diffusers import QwenImagePipeline
 from diffusers.image_processor import VaeImageProcessor
 
-from dit_service.model import DitModel
+if TYPE_CHECKING:
+    from dit_service.model import DitModel
 
 
 class VaeCodec:

@@ -162,9 +162,9 @@ class ImageRequest(_Request):
     stream: StrictBool = Field(False, description="Server-sent events: previews, then one completed event per image.")
     partial_images: Annotated[Integer, Field(ge=0, le=MAX_PARTIAL_IMAGES)] = Field(
         0,
-        description=f"Previews (0-{MAX_PARTIAL_IMAGES}) while streaming, before the final image; only where the image "
-        "model's pipeline leaves decoding to ardit (Qwen-Image and the demo): Z-Image and FLUX.2 [klein] announce 0, "
-        "and more is a 400 naming `partial_images`.",
+        description=f"Previews (0-{MAX_PARTIAL_IMAGES}) while streaming, before the final image, where the image "
+        "model runs them (Qwen-Image, the demo, Z-Image); FLUX.2 [klein] announces 0, and more is a 400 naming "
+        "`partial_images`.",
     )
     complexity: Literal["low", "medium", "high"] | None = Field(None, description=_UNUSED.format("no planning stage"))
     frame_count: Annotated[Integer, Field(ge=2, le=16)] | None = Field(None, description=_UNUSED.format("no GIF"))

@@ -28,10 +28,12 @@ from dit_service.image_encoder import ImageEncoder
 from dit_service.metrics import DitMetrics
 from dit_service.model import DitModel
 from dit_service.model_state import warmup_job
+from dit_service.previews import clean_latent_estimate
 from dit_service.render_job import EditInput, RenderCancelled, RenderItem, RenderJob, RenderOutcome
 from dit_service.renderer import Renderer
 from dit_service.settings import DitSettings
 from dit_service.step_cache import hook_config
+from dit_service.z_image_latents import ZImageLatents
 from services.checkpoints import FLUX2_KLEIN_MODEL, Z_IMAGE_MODEL, default_model_dir
 from shared.diffusion import DiffusionParams, FirstBlockCache, TaylorSeerCache
 from shared.errors import InvalidDiffusionParams
@@ -90,8 +92,10 @@ def models() -> dict[str, DitModel]:
 
 
 def renderer(models: dict[str, DitModel], family: FamilyUnderTest) -> Renderer:
-    # These families' pipelines decode their own pictures: no VAE codec.
-    return Renderer(models[family.model], None, ImageEncoder(), DitMetrics(CollectorRegistry()))
+    # These families' pipelines decode their own pictures; Z-Image's previews are decoded here.
+    model = models[family.model]
+    decoder = model.family.decoder
+    return Renderer(model, decoder(model) if decoder else None, ImageEncoder(), DitMetrics(CollectorRegistry()))
 
 
 def reference_pipeline(family: FamilyUnderTest) -> Any:
@@ -240,12 +244,12 @@ def test_flux2_kleins_taylorseer_cache_is_diffusers_own_hook_on_the_same_run(mod
 
 
 @pytest.mark.parametrize(
-    ("family", "layers", "hidden_size", "max_guidance_scale", "cfg_above", "step_caches"),
-    [(Z_IMAGE, [3], 128, 50.0, 0.0, []), (FLUX2_KLEIN, [9, 18, 27], 384, 1.0, 1.0, ["taylorseer"])],
+    ("family", "layers", "hidden_size", "max_guidance_scale", "cfg_above", "step_caches", "previews"),
+    [(Z_IMAGE, [3], 128, 50.0, 0.0, [], 3), (FLUX2_KLEIN, [9, 18, 27], 384, 1.0, 1.0, ["taylorseer"], 0)],
     ids=["z_image", "flux2_klein"],
 )
 def test_each_family_announces_its_rows_and_refuses_what_it_does_not_run(
-    models, family, layers, hidden_size, max_guidance_scale, cfg_above, step_caches
+    models, family, layers, hidden_size, max_guidance_scale, cfg_above, step_caches, previews
 ):
     model = models[family.model]
     caps = dit_capabilities(DitSettings(model_dir=family.path), model)
@@ -255,12 +259,13 @@ def test_each_family_announces_its_rows_and_refuses_what_it_does_not_run(
     assert (caps.limits.step_caches, caps.defaults.step_cache) == (step_caches, None)
     assert (caps.limits.max_guidance_scale, caps.cfg_above) == (max_guidance_scale, cfg_above)
     assert caps.defaults.guidance_scale == family.guidance_scale  # the card's
-    assert (caps.limits.max_partial_images, caps.limits.edits) == (0, False)
+    assert (caps.limits.max_partial_images, caps.limits.edits) == (previews, False)
     refused = {
         "guidance_scale": params(family, guidance_scale=max_guidance_scale + 0.5),
         "step_cache": params(family, step_cache=FirstBlockCache(method="first_block", threshold=0.1)),
-        "partial_images": params(family, partial_images=1),
     }
+    if previews == 0:
+        refused["partial_images"] = params(family, partial_images=1)
     for param, asked in refused.items():
         with pytest.raises(InvalidDiffusionParams) as refusal:
             caps.limits.check(asked)
@@ -299,14 +304,64 @@ def test_a_batched_z_image_picture_is_the_picture_rendered_alone(models):
 
 
 @FAMILIES
-def test_an_edit_is_refused_and_no_preview_is_taken_where_the_pipeline_decodes_its_own_picture(models, family):
+def test_an_edit_is_refused_where_the_pipeline_decodes_its_own_picture(models, family):
     runner, rows = renderer(models, family), conditioning(some_rows(models[family.model]))
     edit = EditInput(Image.new("RGB", (SIZE, SIZE)), None, 0.5)
     with pytest.raises(ValueError, match="does not edit images"):
         frames_of(runner, RenderJob("r", rows, params(family), edit))
-    frames = frames_of(runner, RenderJob("r", rows, params(family, num_inference_steps=4, partial_images=2)))
+
+
+def test_flux2_klein_takes_no_preview_its_latents_unpack_through_private_pipeline_methods():
+    model = DitModel.load(FLUX2_KLEIN.path, "cpu", "float32")
+    runner = Renderer(model, None, ImageEncoder(), DitMetrics(CollectorRegistry()))
+    job = RenderJob("r", conditioning(some_rows(model)), params(FLUX2_KLEIN, num_inference_steps=4, partial_images=2))
+    frames = frames_of(runner, job)
     assert not any(isinstance(f, PartialImageFrame) for f in frames)
     assert sum(isinstance(f, ImageFrame) for f in frames) == 1
+
+
+def test_z_image_previews_are_its_clean_estimates_decoded_as_its_pipeline_decodes_and_leave_the_picture_alone(
+    models,
+):
+    """Each preview decodes the clean latent the step predicts (``clean_latent_estimate`` of diffusers' own latents
+    before and after it, read here from the reference pipeline's callback) with ZImagePipeline's own decode; the
+    final picture is the one rendered without previews."""
+    family, model = Z_IMAGE, models[Z_IMAGE.model]
+    reference = reference_pipeline(family)
+    with torch.no_grad():
+        rows = family.rows(reference, PROMPT)
+    runner = renderer(models, family)
+    job = RenderJob("r", conditioning(rows), params(family, seed=7, num_inference_steps=4, partial_images=3))
+    frames = frames_of(runner, job)
+    previews = [f for f in frames if isinstance(f, PartialImageFrame)]
+    [final] = [f for f in frames if isinstance(f, ImageFrame)]
+    assert [(p.partial_image_index, p.step) for p in previews] == [(0, 1), (1, 2), (2, 3)]
+    [alone] = [
+        f
+        for f in frames_of(runner, RenderJob("r", conditioning(rows), params(family, seed=7, num_inference_steps=4)))
+        if isinstance(f, ImageFrame)
+    ]
+    assert np.array_equal(pixels(final.data), pixels(alone.data))
+
+    latents: list[torch.Tensor] = []
+    sigmas: list[float] = []
+
+    def record(pipeline: Any, step: int, timestep: Any, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        latents.append(tensors["latents"].clone())
+        sigmas.append(float(pipeline.scheduler.sigmas[pipeline.scheduler.step_index]))
+        return {}
+
+    start = reference.prepare_latents(
+        1, model.transformer.in_channels, SIZE, SIZE, torch.float32, "cpu", torch.Generator("cpu").manual_seed(7)
+    )
+    diffusers_picture(reference, [rows], 0.0, steps=4, callback_on_step_end=record)
+    befores, first_sigma = [start, *latents[:-1]], float(reference.scheduler.sigmas[0])
+    for preview, before, after, sigma_before, sigma_after in zip(
+        previews, befores, latents, [first_sigma, *sigmas[:-1]], sigmas, strict=False
+    ):
+        clean = clean_latent_estimate(before, after, sigma_before, sigma_after)
+        expected = ZImageLatents(model).decode(clean, SIZE, SIZE)
+        assert np.array_equal(pixels(preview.data), np.asarray(expected).astype(int))
 
 
 @FAMILIES

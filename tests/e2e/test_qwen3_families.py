@@ -7,14 +7,13 @@ tests/e2e/test_qwen_image_reference.py judges Qwen-Image).
 
 What conditions the DiT equals the pipeline's ``encode_prompt``: the chat template's token ids, every row kept,
 within 5e-5 (Z-Image: ``hidden_states[-2]`` before the final norm; FLUX.2: layers 9, 18 and 27 side by side, its
-real rows: a causal engine cannot compute the 512-row padding's, benchmarks/results/flux2_pad_rows.md). The
-pictures equal the pipeline's ``__call__`` with the same seed within 2/255 (FLUX.2: given those real rows; Z-Image
-with CFG too, against its default negative prompt). A shared style prefix is a prefix-cache hit that renders
-bitwise what a miss renders. What a family cannot do (previews, edits, a step cache diffusers does not run on it,
-guidance a distilled FLUX.2 ignores) is a 400 naming the parameter. ``make run`` serves each given the DiT's folder
-alone.
-``test_the_checks_catch_*`` show that the row check fails on another layer, the other side of the norm or the
-other chat template.
+real rows: a causal engine cannot compute the 512-row padding's, benchmarks/results/flux2_pad_rows.md). The pictures
+equal the pipeline's ``__call__`` with the same seed within 2/255 (FLUX.2: given those real rows; Z-Image with CFG
+too, against its default negative prompt). A shared style prefix is a prefix-cache hit that renders bitwise what a
+miss renders. Z-Image streams previews. What a family cannot do (edits, FLUX.2's previews, a step cache diffusers
+does not run on it, guidance a distilled FLUX.2 ignores) is a 400 naming the parameter. ``make run`` serves each
+given the DiT's folder alone. ``test_the_checks_catch_*`` show that the row check fails on another layer, the other
+side of the norm or the other chat template.
 """
 
 from __future__ import annotations
@@ -294,13 +293,20 @@ def test_a_step_cache_the_family_does_not_run_is_a_400_naming_it_and_flux2s_tayl
             pair.generate(PROMPTS[0], step_cache=taylorseer)
 
 
-def test_previews_and_edits_are_400s_naming_them(pair):
+def test_z_image_streams_previews_flux2s_are_a_400_and_edits_are_400s_naming_them(pair):
     streamed = httpx.post(
         f"{pair.ar.url}/v1/images/generations",
-        json={"prompt": PROMPTS[0], "size": SIZE, "stream": True, "partial_images": 1},
-        timeout=60,
+        json={"prompt": PROMPTS[0], "size": SIZE, "stream": True, "partial_images": 2, "num_inference_steps": STEPS},
+        timeout=120,
     )
-    assert streamed.status_code == 400 and streamed.json()["error"]["param"] == "partial_images"
+    if pair.family.pipeline is Flux2KleinPipeline:
+        assert streamed.status_code == 400 and streamed.json()["error"]["param"] == "partial_images"
+        assert pair.recorder.seen == []
+    else:
+        events = [line.removeprefix("event: ") for line in streamed.text.splitlines() if line.startswith("event: ")]
+        assert streamed.status_code == 200
+        assert events == ["image_generation.partial_image"] * 2 + ["image_generation.completed"]
+        pair.recorder.take()
     picture = io.BytesIO()
     Image.new("RGB", (64, 64), "red").save(picture, format="PNG")
     edited = httpx.post(
