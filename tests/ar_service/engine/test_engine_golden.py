@@ -48,7 +48,7 @@ def test_rows_match_transformers_and_tokens_match_greedy(stack, fp32_engine, hf_
     assert run.finished.row_count == len(sequence) - 1 == run.rows.shape[0]
     assert run.row_token_ids == sequence[:-1]
 
-    expected, logits = hf_rows(hf_model, sequence[:-1], fp32_engine.engine.layer)
+    expected, logits = hf_rows(hf_model, sequence[:-1], fp32_engine.engine.rows.layers[0])
     assert run.rows.dtype == torch.float32
     # vLLM's CPU kernels and transformers' differ in summation order over the layers: elements
     # agree to 1e-4, or to 1e-5 relative where the value is large (max seen: 1.4e-4 on a value
@@ -67,8 +67,8 @@ def test_bf16_rows_are_as_close_to_transformers_as_its_own_bf16_rows(stack, hf_m
     prompt = stack.runtime.prompts.build(text).token_ids
     run = stack.ar.call(run_engine(engine, prompt, max_new_tokens=1))
     assert run.rows.dtype == torch.bfloat16
-    reference, _ = hf_rows(hf_model, prompt, engine.layer)
-    own_bf16, _ = hf_rows(copy.deepcopy(hf_model).to(torch.bfloat16), prompt, engine.layer)
+    reference, _ = hf_rows(hf_model, prompt, engine.rows.layers[0])
+    own_bf16, _ = hf_rows(copy.deepcopy(hf_model).to(torch.bfloat16), prompt, engine.rows.layers[0])
     ours, theirs = (run.rows.float() - reference).abs(), (own_bf16.float() - reference).abs()
     assert ours.mean().item() <= 1.5 * theirs.mean().item()
 
