@@ -84,8 +84,9 @@ class DiffusionLimits(WireModel):
     # The sizes the model draws well (its card's), the default first; None: any size within the limits
     # above. Another size is refused, as OpenAI refuses a size a model does not support.
     sizes: Annotated[list[Size] | None, _in_all_that_list] = None
-    # Previews a request may ask for, and whether it edits images: 0 and False where its family's pipeline
-    # decodes its own pictures (``dit_service.families``). A DiT that predates them does both.
+    # Previews a request may ask for (0 where the service cannot decode the family's latents: FLUX.2 [klein]'s),
+    # and whether it edits images (False where the family's pipeline decodes its own pictures: Z-Image's, FLUX.2
+    # [klein]'s); ``dit_service.families``. A DiT that predates them does both.
     max_partial_images: Annotated[NonNegInt, TIGHTEST_MAX] = MAX_PARTIAL_IMAGES
     edits: Annotated[bool, _every] = True
 

@@ -56,9 +56,8 @@ class RowReader:
             raise RuntimeError("rows to read before register_kv_caches")
         if read.slots:
             slots = torch.tensor(read.slots, dtype=torch.long, device=self._kv.device)
-            rows = self._kv[
-                slots // self._block_size, :, slots % self._block_size
-            ]  # gathered copy, [n, layers, hidden]
+            blocks, offsets = slots // self._block_size, slots % self._block_size
+            rows = self._kv[blocks, :, offsets]  # a gathered copy, [n, layers, hidden]
             if self._norm is not None:
                 rows = self._norm(rows)  # each layer's part on its own, as the model would norm that layer's output
             rows = rows.reshape(rows.shape[0], -1)
