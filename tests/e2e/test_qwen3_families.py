@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import io
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -369,3 +370,23 @@ def test_make_run_serves_the_family_given_the_dits_folder_alone(name, tmp_path):
         assert launched.generate(num_inference_steps=STEPS).status_code == 200
     assert launched.launcher.returncode == 0
     assert not any(service.is_running() for service in services)
+
+
+def test_a_prompt_of_the_dits_most_rows_is_encoded_whole_and_one_row_more_is_a_400(pair, reference):
+    """Every row of the chat template conditions these families, so the DiT's limit counts them all (512 at the
+    defaults, as the pipelines' ``max_sequence_length``): exactly that many is encoded whole, one more is refused."""
+    fp32 = reference[torch.float32]
+    most = pair.ar.call(pair.ar.app.state.runtime.readiness.require())[0].limits.max_conditioning_rows
+
+    def rows_of(words: int) -> int:
+        return len(fp32.tokenizer(pair.family.text(fp32.tokenizer, "red " * words))["input_ids"])
+
+    words = next(w for w in itertools.count(most - 16) if rows_of(w) == most)
+    _, _, rows, _ = pair.generate("red " * words, cache_salt=f"most-{pair.dtype}")
+    assert rows.shape[0] == most == 512
+    with pytest.raises(openai.BadRequestError) as refused:
+        pair.generate("red " * (words + 1))
+    assert isinstance(refused.value.body, dict)
+    assert (refused.value.body["param"], refused.value.body["code"]) == ("prompt", "context_length_exceeded")
+    assert f"is {most + 1} tokens; the image model takes at most {most}" in refused.value.body["message"]
+    assert pair.recorder.seen == []
