@@ -59,9 +59,22 @@ class VllmFamilies:
 
 
 class ArMetrics:
+    """The AR's families, declared by what they watch: requests, the admission pace, tokens, latencies,
+    handoffs, the build."""
+
     def __init__(self, registry: CollectorRegistry) -> None:
         self.app = AppMetrics(registry, "ar")
         f = Families(registry, "ar")
+        self._declare_requests(f)
+        self._declare_admission_pace(f)
+        self._declare_tokens(f)
+        self._declare_latencies(f)
+        self._declare_handoffs(f)
+        self.build_info = f.info("build", "Version, model, dtype, device, conditioning, prefix caching.")
+        self.vllm = VllmFamilies()
+        registry.register(self.vllm)
+
+    def _declare_requests(self, f: Families) -> None:
         self.requests = f.counter(
             "requests",
             "Validated image requests by outcome (error: refused at admission or failed).",
@@ -70,6 +83,11 @@ class ArMetrics:
         )
         self.requests_in_flight = f.gauge("requests_in_flight", "Requests being served.")
         self.requests_queued = f.gauge("requests_queued", "Requests waiting for a slot.")
+        self.queue_wait_seconds = f.histogram(
+            "queue_wait_seconds", "Time a request waited for room at the DiT.", LATENCY_BUCKETS
+        )
+
+    def _declare_admission_pace(self, f: Families) -> None:
         # The pair's pace as admission prices waits, in its three parts (``Pace``); until the first completion the
         # DiTs' warm-up pace prices them, and these read 0.
         self.admission_seconds_per_request = f.gauge(
@@ -87,9 +105,8 @@ class ArMetrics:
             "The pair's measured pace, its part per unit of denoising: an image's step at a megapixel, twice with "
             "CFG (0 before a completion).",
         )
-        self.queue_wait_seconds = f.histogram(
-            "queue_wait_seconds", "Time a request waited for room at the DiT.", LATENCY_BUCKETS
-        )
+
+    def _declare_tokens(self, f: Families) -> None:
         self.prompt_tokens = f.counter("prompt_tokens", "Prompt tokens (all streams).")
         self.generated_tokens = f.counter("generated_tokens", "Generated tokens.")
         self.cached_tokens = f.counter("cached_tokens", "Prompt tokens served from the prefix cache.")
@@ -100,6 +117,8 @@ class ArMetrics:
         self.cache_creation_tokens_per_request = f.histogram(
             "request_cache_creation_tokens", "Cache creation tokens per request.", TOKEN_BUCKETS
         )
+
+    def _declare_latencies(self, f: Families) -> None:
         self.ttft_seconds = f.histogram(
             "time_to_first_token_seconds", "HTTP request received to first generated token.", LATENCY_BUCKETS
         )
@@ -107,6 +126,8 @@ class ArMetrics:
         self.request_seconds = f.histogram(
             "request_seconds", "Whole image request, received to answered.", LATENCY_BUCKETS
         )
+
+    def _declare_handoffs(self, f: Families) -> None:
         self.handoff_latency_seconds = f.histogram(
             "handoff_latency_seconds", "AR's last row to the DiT holding the complete conditioning.", HANDOFF_BUCKETS
         )
@@ -119,9 +140,6 @@ class ArMetrics:
             "handoffs_in_flight",
             "Requests holding a DiT place: reserving it, streaming to the DiT, awaiting the images.",
         )
-        self.build_info = f.info("build", "Version, model, dtype, device, conditioning, prefix caching.")
-        self.vllm = VllmFamilies()
-        registry.register(self.vllm)
 
     @classmethod
     def of_service(cls, registry: CollectorRegistry, settings: ArSettings, rows: RowRecipe) -> ArMetrics:
