@@ -38,6 +38,7 @@ from shared.result_frames import (
     ErrorFrame,
     ImageFrame,
     PartialImageFrame,
+    ResultFrame,
     ResultReader,
 )
 
@@ -149,6 +150,32 @@ class _Sending:
         return HandoffReport(self.bytes, self.frames, self.engine.finished, self.engine.last_row_at, acknowledged_at)
 
 
+class _Results:
+    """The DiT's result stream as it arrives: partial images passed on as they come, images kept,
+    ``done`` noted, an error frame raised as the failure it stands for."""
+
+    def __init__(self, on_partial_image: PartialImageSink | None) -> None:
+        self._reader = ResultReader()
+        self._on_partial_image = on_partial_image
+        self.images: list[ImageFrame] = []
+        self.done: DoneFrame | None = None
+
+    async def feed(self, chunk: bytes) -> None:
+        for frame in self._reader.feed(chunk):
+            await self._take(frame)
+
+    async def _take(self, frame: ResultFrame) -> None:
+        if isinstance(frame, PartialImageFrame):
+            if self._on_partial_image is not None:
+                await self._on_partial_image(frame)
+        elif isinstance(frame, ImageFrame):
+            self.images.append(frame)
+        elif isinstance(frame, DoneFrame):
+            self.done = frame
+        elif isinstance(frame, ErrorFrame):
+            raise _failure_of(frame)
+
+
 class HandoffClient:
     def __init__(
         self,
@@ -218,32 +245,19 @@ class HandoffClient:
     async def _exchange(
         self, headers: dict[str, str], sending: _Sending, on_partial_image: PartialImageSink | None
     ) -> HandoffResult:
-        images: list[ImageFrame] = []
-        done: DoneFrame | None = None
+        results = _Results(on_partial_image)
+        # aiohttp writes any buffer (its types say bytes): the rows go out as the tensor's memory.
+        content = cast("AsyncIterable[bytes]", sending.buffers())
         with _mapped_transport_errors():
-            # aiohttp writes any buffer (its types say bytes): the rows go out as the tensor's memory.
-            content = cast("AsyncIterable[bytes]", sending.buffers())
             async with self._session.post(f"{self._base_url}/v1/handoff", data=content, headers=headers) as response:
                 acknowledged_at = time.perf_counter()
                 if response.status != 200:
                     raise await _error_from(response)
-                reader = ResultReader()
                 async for chunk in response.content.iter_any():
-                    for frame in reader.feed(chunk):
-                        if isinstance(frame, PartialImageFrame):
-                            if on_partial_image is not None:
-                                await on_partial_image(frame)
-                        elif isinstance(frame, ImageFrame):
-                            images.append(frame)
-                        elif isinstance(frame, DoneFrame):
-                            done = frame
-                        elif isinstance(frame, ErrorFrame):
-                            if 400 <= frame.status < 500:
-                                raise DitRejected(frame.status, frame.message, frame.code, None)
-                            raise DitUnavailable(f"DiT failed: {frame.message}")
-        if done is None:
+                    await results.feed(chunk)
+        if results.done is None:
             raise DitUnavailable("DiT ended the result stream without finishing")
-        return HandoffResult(images, done, sending.report(acknowledged_at))
+        return HandoffResult(results.images, results.done, sending.report(acknowledged_at))
 
 
 @contextlib.contextmanager
@@ -256,6 +270,13 @@ def _mapped_transport_errors() -> Iterator[None]:
         raise DitUnreachable(f"DiT unreachable: {type(exc).__name__}") from None
     except aiohttp.ClientError as exc:
         raise DitUnavailable(f"DiT connection failed or timed out: {type(exc).__name__}") from None
+
+
+def _failure_of(frame: ErrorFrame) -> HandoffFailed:
+    """An error the DiT sent in its result stream, after it had answered 200."""
+    if 400 <= frame.status < 500:
+        return DitRejected(frame.status, frame.message, frame.code, None)
+    return DitUnavailable(f"DiT failed: {frame.message}")
 
 
 async def _error_from(response: aiohttp.ClientResponse) -> HandoffFailed:
