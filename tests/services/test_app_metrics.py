@@ -3,8 +3,6 @@ every error body by its code — also responses that never reach a route handler
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.testclient import TestClient
@@ -40,13 +38,6 @@ def build_app() -> tuple[FastAPI, CollectorRegistry]:
     return app, registry
 
 
-@pytest.fixture
-def served() -> Iterator[tuple[TestClient, CollectorRegistry]]:
-    app, registry = build_app()
-    with TestClient(app, raise_server_exceptions=False) as client:
-        yield client, registry
-
-
 def count(registry: CollectorRegistry, name: str, **labels: str) -> float:
     return registry.get_sample_value(name, labels) or 0.0
 
@@ -65,8 +56,8 @@ AUTH = {"authorization": "Bearer k"}
         ("/v1/things/broken", AUTH, {"n": 1}, "500", "internal_error"),
     ],
 )
-def test_a_templated_route_counts_every_outcome(served, path, headers, body, status, code):
-    client, registry = served
+def test_a_templated_route_counts_every_outcome(client_and_registry, path, headers, body, status, code):
+    client, registry = client_and_registry
     assert client.post(path, json=body, headers=headers).status_code == int(status)
     labels = {"route": "/v1/things/{name}", "method": "POST", "status": status}
     assert count(registry, "ardit_t_http_requests_total", **labels) == 1
@@ -75,8 +66,8 @@ def test_a_templated_route_counts_every_outcome(served, path, headers, body, sta
     assert errors == (0 if code is None else 1)
 
 
-def test_unknown_paths_and_methods_share_one_label_each(served):
-    client, registry = served
+def test_unknown_paths_and_methods_share_one_label_each(client_and_registry):
+    client, registry = client_and_registry
     for path in ("/nope", "/wp-admin/x", "/v1/things"):
         assert client.get(path).status_code == 404
     # A method no route serves at a known path: 405, naming the method the route takes.
@@ -89,8 +80,8 @@ def test_unknown_paths_and_methods_share_one_label_each(served):
     assert count(registry, "ardit_t_api_errors_total", status="405", code="method_not_allowed") == 1
 
 
-def test_probes_and_scrapes_are_counted_too(served):
-    client, registry = served
+def test_probes_and_scrapes_are_counted_too(client_and_registry):
+    client, registry = client_and_registry
     client.get("/healthz")
     client.get("/metrics")
     assert count(registry, "ardit_t_http_requests_total", route="/healthz", method="GET", status="200") == 1

@@ -23,6 +23,7 @@ from services.connection_guard import ConnectionGuard
 from services.metrics import Families
 from tests.support.bare_app import bare_app
 from tests.support.live_server import LiveServer
+from tests.support.waiting import wait_for
 
 HEAD_TIMEOUT = 1.0
 MAX_HEAD = 4096
@@ -39,13 +40,16 @@ class Served:
     def closed(self, reason: str) -> float:
         return self.registry.get_sample_value("ardit_t_connections_closed_total", {"reason": reason}) or 0.0
 
+    def open(self) -> float:
+        return self.registry.get_sample_value("ardit_t_connections_open") or 0.0
+
     def connect(self) -> socket.socket:
         client = socket.create_connection(("127.0.0.1", self.server.port), timeout=HANG_GUARD)
         return client
 
 
 @pytest.fixture(params=["asyncio", "uvloop"])  # uvloop: what the services run on (uvicorn's loop="auto")
-def served(request: pytest.FixtureRequest) -> Iterator[Served]:
+def guarded_server(request: pytest.FixtureRequest) -> Iterator[Served]:
     registry = CollectorRegistry()
     guard = ConnectionGuard(
         Families(registry, "t"),
@@ -107,33 +111,33 @@ def status_and_body(answer: bytes) -> tuple[int, dict[str, object]]:
     return int(status_line.split()[1]), json.loads(rest.partition(b"\r\n\r\n")[2])
 
 
-def test_a_silent_connection_is_closed_without_an_answer(served):
-    with served.connect() as client:
+def test_a_silent_connection_is_closed_without_an_answer(guarded_server):
+    with guarded_server.connect() as client:
         assert answers(client) == b""
-    assert served.closed("head_timeout") == 1
+    assert guarded_server.closed("head_timeout") == 1
 
 
-def test_a_head_that_never_ends_is_answered_408_and_closed(served):
-    with served.connect() as client:
+def test_a_head_that_never_ends_is_answered_408_and_closed(guarded_server):
+    with guarded_server.connect() as client:
         client.sendall(b"GET /healthz HTTP/1.1\r\nhost: t\r\n")
         status, body = status_and_body(answers(client))
     assert status == 408 and body["error"]["code"] == "request_timeout"  # type: ignore[index]
-    assert served.closed("head_timeout") == 1
+    assert guarded_server.closed("head_timeout") == 1
 
 
-def test_a_head_one_byte_over_the_cap_is_431_and_one_at_the_cap_is_served(served):
-    with served.connect() as client:
+def test_a_head_one_byte_over_the_cap_is_431_and_one_at_the_cap_is_served(guarded_server):
+    with guarded_server.connect() as client:
         client.sendall(head(size=MAX_HEAD))
         assert answer(client)[0] == 200
-    with served.connect() as client:
+    with guarded_server.connect() as client:
         client.sendall(head(size=MAX_HEAD + 1))
         status, body = status_and_body(answers(client))
     assert status == 431 and body["error"]["code"] == "request_header_fields_too_large"  # type: ignore[index]
-    assert served.closed("head_too_large") == 1
+    assert guarded_server.closed("head_too_large") == 1
 
 
-def test_a_huge_header_is_cut_at_the_cap_not_read_to_its_end(served):
-    with served.connect() as client:
+def test_a_huge_header_is_cut_at_the_cap_not_read_to_its_end(guarded_server):
+    with guarded_server.connect() as client:
         client.sendall(b"GET /healthz HTTP/1.1\r\nx-huge: ")
         sent = 0
         with pytest.raises(OSError):  # the server closes; the client's sends then fail
@@ -141,11 +145,11 @@ def test_a_huge_header_is_cut_at_the_cap_not_read_to_its_end(served):
                 client.sendall(b"h" * 65536)
                 sent += 65536
     assert sent < 64 << 20
-    assert served.closed("head_too_large") == 1
+    assert guarded_server.closed("head_too_large") == 1
 
 
-def test_a_slow_body_and_a_long_answer_after_a_complete_head_are_not_cut(served):
-    with served.connect() as client:
+def test_a_slow_body_and_a_long_answer_after_a_complete_head_are_not_cut(guarded_server):
+    with guarded_server.connect() as client:
         client.sendall(head("/echo", method="POST", extra="content-length: 4\r\n"))
         for byte in b"abcd":
             time.sleep(HEAD_TIMEOUT / 2)
@@ -153,11 +157,11 @@ def test_a_slow_body_and_a_long_answer_after_a_complete_head_are_not_cut(served)
         assert answer(client) == (200, b'{"bytes":4}')
         client.sendall(head(f"/slow?seconds={2 * HEAD_TIMEOUT}"))
         assert answer(client) == (200, b'{"status":"done"}')
-    assert served.closed("head_timeout") == 0
+    assert guarded_server.closed("head_timeout") == 0
 
 
-def test_a_body_trickling_in_after_an_early_answer_is_closed_at_its_deadline(served):
-    with served.connect() as client:
+def test_a_body_trickling_in_after_an_early_answer_is_closed_at_its_deadline(guarded_server):
+    with guarded_server.connect() as client:
         client.sendall(head("/early", method="POST", extra="content-length: 1000\r\n"))
         assert answer(client) == (200, b'{"status":"early"}')
         client.settimeout(0.5)
@@ -172,37 +176,37 @@ def test_a_body_trickling_in_after_an_early_answer_is_closed_at_its_deadline(ser
                 closed = True
             if closed:
                 break
-    assert closed and served.closed("body_timeout") == 1
+    assert closed and guarded_server.closed("body_timeout") == 1
 
 
-def test_a_slow_second_head_on_a_kept_alive_connection_is_closed_without_an_answer(served):
-    with served.connect() as client:
+def test_a_slow_second_head_on_a_kept_alive_connection_is_closed_without_an_answer(guarded_server):
+    with guarded_server.connect() as client:
         client.sendall(head())
         assert answer(client)[0] == 200
         client.sendall(b"GET /healthz HTTP/1.1\r\n")
         assert answers(client) == b""  # an answer here could land inside an earlier one's bytes
-    assert served.closed("head_timeout") == 1
+    assert guarded_server.closed("head_timeout") == 1
 
 
-def test_at_the_cap_a_new_connection_closes_the_oldest_headless_one_and_busy_ones_stay(served):
-    busy = served.connect()
+def test_at_the_cap_a_new_connection_closes_the_oldest_headless_one_and_busy_ones_stay(guarded_server):
+    busy = guarded_server.connect()
     busy.sendall(head(f"/slow?seconds={HEAD_TIMEOUT / 2}"))
-    idle = [served.connect() for _ in range(MAX_CONNECTIONS - 1)]
-    time.sleep(0.2)  # all accepted
-    with served.connect() as newcomer:
+    idle = [guarded_server.connect() for _ in range(MAX_CONNECTIONS - 1)]
+    wait_for(lambda: guarded_server.open() == MAX_CONNECTIONS, HANG_GUARD, "the server has accepted all of them")
+    with guarded_server.connect() as newcomer:
         newcomer.sendall(head())
         assert answer(newcomer)[0] == 200
     assert answers(idle[0]) == b""  # the oldest headless one gave way
     assert answer(busy) == (200, b'{"status":"done"}')
-    assert served.closed("evicted") >= 1
+    assert guarded_server.closed("evicted") >= 1
     for client in (busy, *idle):
         client.close()
 
 
-def test_an_upgrade_request_is_served_as_a_plain_one_and_the_connection_stays_guarded(served):
-    with served.connect() as client:
+def test_an_upgrade_request_is_served_as_a_plain_one_and_the_connection_stays_guarded(guarded_server):
+    with guarded_server.connect() as client:
         client.sendall(head(extra="connection: upgrade\r\nupgrade: websocket\r\n"))
         assert answer(client)[0] == 200
         client.sendall(b"GET /healthz HTTP/1.1\r\n")  # then a head that never ends
         assert answers(client) == b""
-    assert served.closed("head_timeout") == 1
+    assert guarded_server.closed("head_timeout") == 1

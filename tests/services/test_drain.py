@@ -19,6 +19,7 @@ from services.drain import Drain
 from services.fatal import Fatal
 from tests.support.bare_app import ready
 from tests.support.live_server import LiveServer
+from tests.support.waiting import wait_for
 
 
 @dataclass
@@ -36,7 +37,7 @@ class Served:
         return not self.server._thread.is_alive()
 
 
-def served(grace: float) -> Served:
+def server_with_grace(grace: float) -> Served:
     held = {"place": False}
     drain = Drain(grace, holding=lambda: held["place"])
     app = create_app(
@@ -71,7 +72,7 @@ def served(grace: float) -> Served:
 
 @pytest.fixture
 def service() -> Iterator[Served]:
-    running = served(grace=30.0)
+    running = server_with_grace(grace=30.0)
     yield running
     running.release.set()
     running.server.stop()
@@ -85,11 +86,7 @@ def in_background(url: str) -> tuple[threading.Thread, list[httpx.Response]]:
 
 
 def wait_in_flight(drain: Drain, count: int) -> None:
-    for _ in range(200):
-        if drain.in_flight == count:
-            return
-        threading.Event().wait(0.01)
-    raise AssertionError(f"{drain.in_flight} in flight, expected {count}")
+    wait_for(lambda: drain.in_flight == count, what=f"{count} in flight", state=lambda: f"{drain.in_flight} are")
 
 
 def test_a_draining_service_is_not_ready_and_refuses_new_work_with_503_and_retry_after(service):
@@ -129,7 +126,7 @@ def test_a_held_place_keeps_the_server_up_until_it_is_given_back(service):
 
 
 def test_work_still_running_at_the_deadline_ends_with_an_openai_shaped_503_and_the_server_stops():
-    running = served(grace=0.5)
+    running = server_with_grace(grace=0.5)
     try:
         request, answers = in_background(f"{running.server.url}/bounded")
         wait_in_flight(running.drain, 1)

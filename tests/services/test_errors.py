@@ -4,13 +4,12 @@ client's terms: a body that is not JSON, a method the route does not take, a bug
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
 from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
-from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -44,15 +43,8 @@ def build_app() -> tuple[FastAPI, CollectorRegistry]:
     return app, registry
 
 
-@pytest.fixture
-def served() -> Iterator[tuple[TestClient, CollectorRegistry]]:
-    app, registry = build_app()
-    with TestClient(app, raise_server_exceptions=False) as client:
-        yield client, registry
-
-
-def test_a_body_that_is_not_json_says_where_it_broke(served):
-    client, _ = served
+def test_a_body_that_is_not_json_says_where_it_broke(client_and_registry):
+    client, _ = client_and_registry
     response = client.post("/v1/things", content=b'{"n": 1', headers={"content-type": "application/json"})
     assert response.status_code == 400
     error = response.json()["error"]
@@ -61,8 +53,8 @@ def test_a_body_that_is_not_json_says_where_it_broke(served):
 
 
 @pytest.mark.parametrize("content_type", [None, "text/plain"])
-def test_a_json_body_sent_without_jsons_content_type_is_a_400_naming_the_header(served, content_type):
-    client, _ = served
+def test_a_json_body_sent_without_jsons_content_type_is_a_400_naming_the_header(client_and_registry, content_type):
+    client, _ = client_and_registry
     headers = {} if content_type is None else {"content-type": content_type}
     response = client.post("/v1/things", content=b'{"n": 1}', headers=headers)
     assert response.status_code == 400
@@ -70,8 +62,8 @@ def test_a_json_body_sent_without_jsons_content_type_is_a_400_naming_the_header(
     assert error["code"] == "invalid_json" and "Content-Type: application/json" in error["message"]
 
 
-def test_an_error_the_framework_raises_itself_has_a_code(served):
-    client, _ = served
+def test_an_error_the_framework_raises_itself_has_a_code(client_and_registry):
+    client, _ = client_and_registry
     response = client.get("/v1/refused-by-the-framework")
     assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_request"
 
@@ -86,8 +78,8 @@ def test_no_answer_says_which_server_runs_the_service():
     assert answer.status_code == 200 and "server" not in answer.headers
 
 
-def test_a_wrong_method_names_the_method_and_the_one_allowed(served):
-    client, _ = served
+def test_a_wrong_method_names_the_method_and_the_one_allowed(client_and_registry):
+    client, _ = client_and_registry
     response = client.put("/v1/things", json={"n": 1})
     assert response.status_code == 405 and response.headers["allow"] == "POST"
     assert response.json()["error"] == {
@@ -98,8 +90,8 @@ def test_a_wrong_method_names_the_method_and_the_one_allowed(served):
     }
 
 
-def test_a_bug_is_a_json_500_naming_the_request_id_logged_once_and_counted(served, caplog):
-    client, registry = served
+def test_a_bug_is_a_json_500_naming_the_request_id_logged_once_and_counted(client_and_registry, caplog):
+    client, registry = client_and_registry
     with caplog.at_level(logging.ERROR):
         response = client.get("/v1/broken", headers={"x-request-id": "req-bug-1"})
     assert response.status_code == 500 and response.headers["x-request-id"] == "req-bug-1"

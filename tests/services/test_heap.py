@@ -10,6 +10,7 @@ import sys
 import textwrap
 
 from services.heap import IdleRelease, freeze_startup_heap
+from tests.support.waiting import until
 
 # 200 MB in 64 KB pieces (below malloc's mmap threshold: they live in its heap), all freed but the
 # last, which keeps the heap's top in use so glibc cannot give the rest back on its own.
@@ -70,7 +71,7 @@ def test_a_service_gives_its_free_pages_back_once_it_has_been_idle_for_the_delay
     async def one_request_then_quiet(idle: IdleRelease) -> None:
         async with idle.in_flight():
             await asyncio.sleep(0.05)
-        await asyncio.sleep(0.3)
+        await until(lambda: idle.releases == 1, what="the release")
 
     (at,) = released_after(0.1, one_request_then_quiet)  # once, during the quiet that followed
     assert at >= 0.15  # not before the delay had passed since the request ended
@@ -82,7 +83,7 @@ def test_work_that_starts_during_the_wait_puts_the_release_off_until_it_is_idle_
             async with idle.in_flight():
                 await asyncio.sleep(0.01)
             await asyncio.sleep(0.04)
-        await asyncio.sleep(0.3)
+        await until(lambda: idle.releases == 1, what="the release")
 
     (at,) = released_after(0.1, a_request_every_50_ms)
     assert at >= 0.35
@@ -95,7 +96,8 @@ def test_nothing_is_released_while_work_overlaps_and_once_per_idle_spell():
                 await asyncio.sleep(seconds)
 
         await asyncio.gather(request(0.05), request(0.3))
-        await asyncio.sleep(0.5)
+        await until(lambda: idle.releases == 1, what="the release")
+        await asyncio.sleep(0.3)  # three more delays of quiet, in which a second release would come
 
     (at,) = released_after(0.1, overlapping_then_quiet)
     assert at >= 0.4
@@ -118,7 +120,7 @@ def test_a_release_that_fails_is_logged_and_serving_goes_on(caplog):
         idle = IdleRelease(0.01, release)
         async with idle.in_flight():
             pass
-        await asyncio.sleep(0.1)
+        await until(lambda: "giving free pages back failed" in caplog.text, what="the failed release logged")
         async with idle.in_flight():
             pass
         await idle.aclose()
