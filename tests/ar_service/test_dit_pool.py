@@ -18,6 +18,7 @@ from shared.row_recipe import RowRecipe
 from tests.ar_service.test_handoff_body import body_of, run_of
 from tests.support.capabilities import DIT
 from tests.support.fake_dit import fake_dit, ready
+from tests.support.waiting import until
 
 
 def pool_of(*urls: str) -> DitPool:
@@ -210,8 +211,8 @@ def test_a_request_cancelled_while_its_place_is_asked_for_gives_the_place_back()
                     raise AssertionError("cancelled before the place was reserved")
 
             asking = asyncio.ensure_future(reserve_and_work())
-            await asyncio.sleep(0.05)
-            asking.cancel()  # the client left
+            await until(lambda: seen[0] == ["POST /v1/handoff/reservations"], what="the DiT was asked for a place")
+            asking.cancel()  # the client left, before the DiT answered
             with pytest.raises(asyncio.CancelledError):
                 await asking
             return [r.outstanding for r in pool.replicas.values()], seen

@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -20,6 +19,7 @@ import pytest
 from services.fatal import EXIT_SETTINGS
 from tests.conftest import PLUMBING_DIT_MODEL_DIR, require_checkpoint
 from tests.support.ports import free_port
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -89,13 +89,14 @@ class _Ar:
 
     def engine_processes(self, timeout: float) -> list[psutil.Process]:
         """Its descendants once vLLM's EngineCore runs (``VLLM::EngineCore``; on CPU it runs the model too)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            descendants = psutil.Process(self.process.pid).children(recursive=True)
-            if any(process.name().startswith("VLLM::") for process in _living(descendants)):
-                return descendants
-            time.sleep(0.2)
-        raise AssertionError(f"the engine processes did not start within {timeout} s")
+        descendants: list[psutil.Process] = []
+
+        def engine_running() -> bool:
+            descendants[:] = psutil.Process(self.process.pid).children(recursive=True)
+            return any(process.name().startswith("VLLM::") for process in _living(descendants))
+
+        wait_for(engine_running, timeout, "the engine processes start", every=0.2)
+        return descendants
 
 
 @pytest.mark.parametrize(
@@ -116,10 +117,13 @@ def test_an_ar_that_dies_by_a_signal_leaves_no_vllm_process(sig, when, within):
             descendants = ar.engine_processes(timeout=1)
         ar.process.send_signal(sig)
         ar.process.wait(timeout=60)
-        deadline = time.monotonic() + within
-        while _living(descendants) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not _living(descendants), [process.name() for process in _living(descendants)]
+        wait_for(
+            lambda: not _living(descendants),
+            within,
+            "every vLLM process exits",
+            every=0.2,
+            state=lambda: [process.name() for process in _living(descendants)],
+        )
         if sig == signal.SIGTERM:
             # A normal stop: drained (nothing was in flight), shut down gracefully, exit status 0, and
             # nothing in the log that looks like a failure.
@@ -172,10 +176,9 @@ def test_a_stream_still_rendering_when_the_drain_period_ends_gets_an_error_event
     try:
         url = f"http://127.0.0.1:{ar.port}"
         assert ar.engine_ready.wait(timeout=300)
-        deadline = time.monotonic() + 120
-        while httpx.get(f"{url}/readyz").status_code != 200:  # the DiT too
-            assert time.monotonic() < deadline, "the pair did not get ready"
-            time.sleep(0.5)
+        wait_for(
+            lambda: httpx.get(f"{url}/readyz").status_code == 200, 120, "the pair (the DiT too) is ready", every=0.5
+        )
         # A render of many seconds (the largest size, many steps), stopped by SIGTERM once it streams.
         body = {"prompt": "a long render", "size": "1024x1024", "num_inference_steps": 60, "stream": True}
         events: list[str] = []

@@ -4,8 +4,6 @@ goes back to the system once the AR is idle."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from vllm.utils.import_utils import resolve_obj_by_qualname
 from vllm.v1.worker.cpu_worker import CPUWorker
@@ -13,6 +11,7 @@ from vllm.v1.worker.cpu_worker import CPUWorker
 from ar_service.engine.cpu_worker import CpuWorker
 from ar_service.engine.hidden_state_engine import CPU_WORKER_CLASS
 from tests.ar_service.engine.engine_runs import run_engine, token_prompt
+from tests.support.waiting import wait_for
 
 
 def test_the_engine_is_told_the_path_of_ardits_cpu_worker_a_vllm_cpu_worker():
@@ -41,8 +40,5 @@ def test_once_the_ar_is_idle_its_engine_core_gives_back_what_serving_freed(stack
     engine = stack.runtime.engine
     releases = engine.idle_release.releases
     stack.ar.call(run_engine(engine, token_prompt(600, 6), max_new_tokens=4))
-    deadline = time.monotonic() + 10 * engine.idle_release.delay
-    while engine.idle_release.releases == releases and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert engine.idle_release.releases > releases
+    wait_for(lambda: engine.idle_release.releases > releases, 10 * engine.idle_release.delay, "an idle release")
     assert stack.ar.call(engine.vllm.collective_rpc("return_free_pages"))[0] >= 0

@@ -26,6 +26,7 @@ from ar_service.engine.hidden_state_engine import HiddenStateEngine
 from ar_service.settings import ArSettings
 from tests.ar_service.engine.engine_runs import EngineRun, run_engine, token_prompt
 from tests.support.background_loop import BackgroundLoop
+from tests.support.waiting import until
 
 pytestmark = pytest.mark.slow
 
@@ -161,15 +162,10 @@ def test_abort_mid_decode_frees_everything(stack):
 
     assert call(abort_after_three_decode_rows()) == 4
 
-    async def settled() -> tuple[int, int]:
-        for _ in range(100):
-            unfinished = engine.vllm.output_processor.get_num_unfinished_requests()
-            if unfinished == 0 and engine.channel.open_queues == 0:
-                break
-            await asyncio.sleep(0.05)
+    def left() -> tuple[int, int]:
         return engine.vllm.output_processor.get_num_unfinished_requests(), engine.channel.open_queues
 
-    assert call(settled()) == (0, 0)
+    call(until(lambda: left() == (0, 0), what="no request unfinished, no queue open"))
     # The engine keeps serving, and its blocks came back: a full-length request still fits.
     after = call(run_engine(engine, token_prompt(40, 4), max_new_tokens=3))
     assert after.rows.shape[0] == 42

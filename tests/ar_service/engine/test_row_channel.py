@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from ar_service.engine.row_channel import RowChannel, RowQueueOverflow, RowSender
+from tests.support.waiting import until
 
 
 @pytest.fixture
@@ -61,10 +62,7 @@ def test_chunks_for_closed_queues_are_counted_and_dropped(channel):
         queue = channel.open_queue("gone", 1 << 20)
         channel.close_queue("gone")
         sender.send("gone", 0, torch.zeros(1, 8))
-        for _ in range(100):
-            if channel.late_chunks:
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: channel.late_chunks, what="the chunk for the closed queue arrived")
         return queue
 
     asyncio.run(scenario())
