@@ -4,7 +4,6 @@ and whatever ends a handoff gives its row memory back."""
 from __future__ import annotations
 
 import io
-import time
 from typing import Any
 
 import httpx
@@ -34,23 +33,16 @@ from tests.dit_service.handoff_requests import (
     token_ids,
 )
 from tests.support.live_server import LiveServer
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
 ROWS = 12
 
 
-def wait_for(condition, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.02)
-
-
 def assert_released(url: str) -> None:
-    wait_for(lambda: metric(url, "ardit_dit_handoff_buffer_bytes") == 0)
-    wait_for(lambda: metric(url, "ardit_dit_handoffs_in_flight") == 0)
+    wait_for(lambda: metric(url, "ardit_dit_handoff_buffer_bytes") == 0, what="the handoff's buffer freed")
+    wait_for(lambda: metric(url, "ardit_dit_handoffs_in_flight") == 0, what="no handoff in flight")
 
 
 def image_of(frame) -> Image.Image:

@@ -20,8 +20,10 @@ from dit_service.settings import DitSettings
 from services.model_card import MODEL_CARD_FILE
 from shared.result_frames import RESERVATION_HEADER, RESERVATIONS_PATH
 from tests.dit_service.handoff_requests import AR_MODEL, complete_handoff, handoff_headers, hidden_rows, post_handoff
+from tests.support.launched_pair import ready
 from tests.support.otlp_collector import OtlpCollector
 from tests.support.ports import free_port
+from tests.support.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -64,19 +66,16 @@ def dit_process(checkpoint: Path, **environment: str) -> Iterator[tuple[str, sub
     process = subprocess.Popen(
         [sys.executable, "-m", "dit_service"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
-    assert process.stdout is not None
+    output = process.stdout
+    assert output is not None
     url = f"http://127.0.0.1:{port}"
+
+    def running_and_ready() -> bool:
+        assert process.poll() is None, output.read().decode()  # it exited: what it said
+        return ready(url)
+
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert process.poll() is None, process.stdout.read().decode()
-            try:
-                if httpx.get(f"{url}/readyz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "not ready in time"
-            time.sleep(0.2)
+        wait_for(running_and_ready, 120, "the DiT is ready", every=0.2)
         yield url, process
     finally:
         process.terminate()
@@ -118,9 +117,7 @@ def test_otel_variables_send_the_handoff_spans_to_a_collector_in_the_senders_tra
         with dit_process(tiny_checkpoint, **environment) as (url, _):
             parts = complete_handoff(hidden_rows(6), traceparent=f"00-{trace_id}-{sender_span}-01")
             assert post_handoff(url, parts, headers=handoff_headers("from-env")).status == 200
-            deadline = time.monotonic() + 30
-            while len(collector.spans) < 6 and time.monotonic() < deadline:
-                time.sleep(0.1)
+            wait_for(lambda: len(collector.spans) >= 6, 30, "six spans exported", every=0.1)
     spans = {span.name: span for span in collector.spans}
     assert set(spans) == {
         "ardit.dit.handoff",
@@ -154,9 +151,8 @@ def test_sigterm_drains_a_reserved_handoff_refuses_new_places_and_exits_0(tiny_c
         headers = handoff_headers("from-env")
         reserved = httpx.post(f"{url}{RESERVATIONS_PATH}", headers=headers).json()["reservation"]
         process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        while (readyz := httpx.get(f"{url}/readyz")).status_code == 200 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(lambda: not ready(url), 10, "readiness turns 503")
+        readyz = httpx.get(f"{url}/readyz")
         assert readyz.status_code == 503 and readyz.json()["reason"].startswith("draining")
         refused = httpx.post(f"{url}{RESERVATIONS_PATH}", headers=headers)
         assert refused.status_code == 503 and refused.json()["error"]["code"] == "shutting_down"

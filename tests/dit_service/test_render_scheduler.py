@@ -19,6 +19,7 @@ from dit_service.render_scheduler import RenderScheduler
 from dit_service.renderer import Renderer
 from services.heap import IdleRelease, return_free_pages_in_thread
 from tests.dit_service.handoff_requests import params
+from tests.support.waiting import until
 
 COND = Conditioning(torch.zeros(1, 1, 4), torch.ones(1, 1, dtype=torch.long))
 
@@ -123,7 +124,8 @@ def test_free_memory_goes_back_once_no_run_is_in_flight_never_during_one(max_bat
         for name in ("a", "b"):
             await scheduler.run(job(name), lambda frame: None, threading.Event())
             finished[0] += 1
-        await asyncio.sleep(0.2)
+        before = idle.releases  # 0 unless one came while there was work: the assertions below catch it
+        await until(lambda: idle.releases > before, what="the release once both had run")
         await idle.aclose()
         return idle
 

@@ -33,6 +33,7 @@ from tests.dit_service.handoff_requests import (
     params,
     post_handoff,
 )
+from tests.support.waiting import HANG_GUARD, until, wait_for
 
 JOB = RenderJob("req_x", Conditioning(torch.zeros(1, 1, 4), torch.ones(1, 1, dtype=torch.long)), params())
 
@@ -81,13 +82,14 @@ def result_stream(
 
 
 class ScriptedRunner:
-    """Stands in for the Renderer: emits a preview and an image, or fails, or waits to be cancelled,
-    or takes a long silent step."""
+    """Stands in for the Renderer: emits a preview and an image, or fails, or waits to be cancelled (then
+    finishes the step in progress when the test ends it), or takes a long silent step."""
 
     def __init__(self, behaviour: str) -> None:
         self.behaviour = behaviour
         self.finished = threading.Event()
         self.started = threading.Event()
+        self.step_ends = threading.Event()
 
     def render(self, items: list[RenderItem]) -> list[RenderOutcome]:
         [item] = items
@@ -100,8 +102,8 @@ class ScriptedRunner:
             if self.behaviour == "fail":
                 raise RuntimeError("secret internals")
             if self.behaviour == "wait_for_cancel":
-                assert cancel.wait(10)
-                time.sleep(0.2)  # the step in progress finishes before the loop notices
+                assert cancel.wait(HANG_GUARD)
+                assert self.step_ends.wait(HANG_GUARD)  # the step in progress: the run outlives its consumer
                 return RenderCancelled()
             if self.behaviour == "silent_step":
                 time.sleep(0.5)
@@ -167,10 +169,9 @@ def test_consecutive_failures_of_one_stream_trigger_fatal():
     asyncio.run(run())
 
 
-async def wait_until(event: threading.Event) -> None:
-    while not event.is_set():
-        await asyncio.sleep(0.01)
-    await asyncio.sleep(0.05)  # let the run task hand back what it holds
+async def handed_back(admission: AdmissionControl) -> None:
+    """Once the run has ended, its task gives back its place and run slot."""
+    await until(lambda: admission.taken == 0 and not admission.run_slots.locked(), what="place and slot back")
 
 
 def test_a_consumer_that_goes_away_stops_the_run_and_capacity_returns_only_when_it_has():
@@ -188,7 +189,9 @@ def test_a_consumer_that_goes_away_stops_the_run_and_capacity_returns_only_when_
         assert not runner.finished.is_set()
         with pytest.raises(ApiError, match="every place is taken"):
             admission.place(None)  # still held by the running thread
-        await wait_until(runner.finished)
+        runner.step_ends.set()
+        await handed_back(admission)
+        assert runner.finished.is_set()
         admission.place(None).release()
         assert not admission.run_slots.locked()
         assert metrics.pipeline_failures.labels("client_disconnected")._value.get() == 1
@@ -206,7 +209,8 @@ def test_a_response_that_never_streams_still_stops_its_run_and_gives_back_its_pl
         await asyncio.to_thread(runner.started.wait, 10)
         assert response.background is not None
         await response.background()  # what Starlette runs when the client is gone before the first byte
-        await wait_until(runner.finished)
+        runner.step_ends.set()
+        await handed_back(admission)
         admission.place(None).release()
 
     asyncio.run(run())
@@ -281,11 +285,13 @@ def test_disconnect_mid_run_interrupts_it_and_frees_the_pipeline(narrow_server):
         busy = post_handoff(url, complete_handoff(hidden_rows(10)))
         assert busy.status == 429 and busy.refusal["code"] == "dit_full"
         assert busy.headers["retry-after"]
-    deadline = time.monotonic() + 10
-    while metric(url, "ardit_dit_pipeline_runs_in_flight") or not metric(
-        url, "ardit_dit_pipeline_failures_total", reason="client_disconnected"
-    ):
-        assert time.monotonic() < deadline, "the run did not stop"
-        time.sleep(0.02)
+    wait_for(
+        lambda: (
+            not metric(url, "ardit_dit_pipeline_runs_in_flight")
+            and metric(url, "ardit_dit_pipeline_failures_total", reason="client_disconnected")
+        ),
+        10,
+        "the run stopped",
+    )
     assert metric(url, "ardit_dit_images_total", format="png") == images_before
     assert post_handoff(url, complete_handoff(hidden_rows(10))).status == 200
