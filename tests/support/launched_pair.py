@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from pathlib import Path
 import httpx
 import psutil
 
+from tests.support import waiting
 from tests.support.ports import free_port
 
 READY_TIMEOUT = 600.0
@@ -44,11 +44,9 @@ class Pair:
 
 
 def wait_for(condition, timeout: float, what: str) -> float:
-    started = time.monotonic()
-    while not condition():
-        assert time.monotonic() - started < timeout, f"{what}: not within {timeout:g} s"
-        time.sleep(0.1)
-    return time.monotonic() - started
+    """tests/support/waiting.py's, looking every 0.1 s: a look here is a request to a service of the pair,
+    which shares the machine's cores with the test."""
+    return waiting.wait_for(condition, timeout, what, every=0.1)
 
 
 def ready(url: str) -> bool:

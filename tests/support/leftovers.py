@@ -8,11 +8,12 @@ launcher's child) and whoever its parent is now (an orphan's is init).
 from __future__ import annotations
 
 import os
-import time
 import uuid
 from multiprocessing import resource_tracker
 
 import psutil
+
+from tests.support.waiting import holds_within
 
 MARKER = "ARDIT_TEST_RUN"
 
@@ -42,11 +43,13 @@ def leftovers() -> list[psutil.Process]:
 
 def reap(grace_seconds: float) -> list[str]:
     """Wait ``grace_seconds`` for the run's processes to end, kill those that do not; describe them."""
-    deadline = time.monotonic() + grace_seconds
-    found = leftovers()
-    while found and time.monotonic() < deadline:
-        time.sleep(0.5)
-        found = leftovers()
+    found: list[psutil.Process] = []
+
+    def none_left() -> bool:
+        found[:] = leftovers()
+        return not found
+
+    holds_within(none_left, grace_seconds, every=0.5)  # each look lists every process: not too often
     described = []
     for process in found:
         try:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
-import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -14,6 +13,7 @@ import httpx
 from fastapi import FastAPI
 
 from services.serve import server
+from tests.support.waiting import holds_within
 
 T = TypeVar("T")
 
@@ -47,22 +47,22 @@ class LiveServer:
 
     def start(self, timeout: float = 60.0) -> LiveServer:
         self._thread.start()
-        deadline = time.monotonic() + timeout
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise RuntimeError("uvicorn did not start")
-            time.sleep(0.02)
+        holds_within(lambda: self._server.started or not self._thread.is_alive(), timeout)
+        if not self._server.started:
+            raise RuntimeError("uvicorn did not start")
         return self
 
     def wait_ready(self, timeout: float = 600.0) -> LiveServer:
-        deadline = time.monotonic() + timeout
-        while True:
-            response = httpx.get(f"{self.url}/readyz")
-            if response.status_code == 200:
-                return self
-            if time.monotonic() > deadline or "failed" in response.json().get("reason", ""):
-                raise RuntimeError(f"not ready: {response.json()}")
-            time.sleep(0.2)
+        answers: list[httpx.Response] = []
+
+        def ready_or_failed() -> bool:
+            answers[:] = [httpx.get(f"{self.url}/readyz")]
+            return answers[0].status_code == 200 or "failed" in answers[0].json().get("reason", "")
+
+        holds_within(ready_or_failed, timeout, every=0.2)  # a look runs the service's readiness check
+        if answers[0].status_code != 200:
+            raise RuntimeError(f"not ready: {answers[0].json()}")
+        return self
 
     def call(self, coro: Coroutine[Any, Any, T], timeout: float = 600.0) -> T:
         """Run ``coro`` on the server's event loop and wait for its result."""

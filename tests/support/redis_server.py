@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -12,6 +11,7 @@ import pytest
 import redis
 
 from tests.support.ports import free_port
+from tests.support.waiting import holds_within
 
 
 @contextmanager
@@ -26,15 +26,17 @@ def redis_server(maxmemory: str = "64mb") -> Iterator[str]:
     url = f"redis://127.0.0.1:{port}/0"
     try:
         client = redis.Redis.from_url(url)
-        deadline = time.monotonic() + 10
-        while True:
+
+        def answers_or_exited() -> bool:
+            if process.poll() is not None:
+                return True
             try:
-                client.ping()
-                break
+                return bool(client.ping())
             except redis.ConnectionError:
-                if time.monotonic() > deadline or process.poll() is not None:
-                    raise RuntimeError("redis-server did not start") from None
-                time.sleep(0.05)
+                return False
+
+        if not holds_within(answers_or_exited, 10) or process.poll() is not None:
+            raise RuntimeError("redis-server did not start")
         client.close()
         yield url
     finally:

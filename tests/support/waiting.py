@@ -19,6 +19,16 @@ HANG_GUARD = 60.0  # seconds: far past anything waited on here; only a hang reac
 EVERY = 0.02
 
 
+def holds_within(condition: Callable[[], object], timeout: float, *, every: float = EVERY) -> bool:
+    """Whether ``condition``, looked at every ``every`` seconds, comes true within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(every)
+    return True
+
+
 def wait_for(
     condition: Callable[[], object],
     timeout: float = HANG_GUARD,
@@ -30,12 +40,9 @@ def wait_for(
     """Look at ``condition`` every ``every`` seconds until it is true; fail naming ``what`` (and ``state()``,
     what to see of the failure) after ``timeout``. Returns the seconds waited."""
     started = time.monotonic()
-    while not condition():
-        waited = time.monotonic() - started
-        if waited > timeout:
-            seen = "" if state is None else f" ({state()})"
-            raise AssertionError(f"{what}: not within {timeout:g} s{seen}")
-        time.sleep(every)
+    if not holds_within(condition, timeout, every=every):
+        seen = "" if state is None else f" ({state()})"
+        raise AssertionError(f"{what}: not within {timeout:g} s{seen}")
     return time.monotonic() - started
 
 
