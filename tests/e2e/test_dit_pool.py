@@ -19,6 +19,7 @@ from tests.e2e.metrics_text import sample
 from tests.e2e.test_lifecycle import settled
 from tests.support.dit_pools import pointed_at
 from tests.support.ports import free_port
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -37,13 +38,15 @@ class DitProcess:
             ARDIT_HANDOFF_TOKEN=HANDOFF_TOKEN,
             ARDIT_DIT_TORCH_THREADS="1",
         )
-        self.process = subprocess.Popen(
+        process = self.process = subprocess.Popen(
             [sys.executable, "-m", "dit_service"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
-        deadline = time.monotonic() + 120
-        while not self.ready():
-            assert time.monotonic() < deadline and self.process.poll() is None, "the DiT did not start"
-            time.sleep(0.2)
+
+        def running_and_ready() -> bool:
+            assert process.poll() is None, "the DiT exited"
+            return self.ready()
+
+        wait_for(running_and_ready, 120, "the DiT is ready", every=0.2)
         return self
 
     def ready(self) -> bool:
@@ -102,8 +105,12 @@ def test_load_spreads_failover_is_fast_and_a_returning_replica_gets_traffic_agai
 
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         held = [pool.submit(post_timed, 100 + i) for i in range(4)]
-        while sample(first.url, "ardit_dit_pipeline_runs_in_flight") < 1:
-            time.sleep(0.05)
+        wait_for(
+            lambda: sample(first.url, "ardit_dit_pipeline_runs_in_flight") >= 1,
+            120,
+            "a render on the first",
+            every=0.05,
+        )
         killed_at = time.monotonic()
         first.kill()
         outcomes = [(status, code, at - killed_at) for status, code, at in (f.result(120) for f in held)]

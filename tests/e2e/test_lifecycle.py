@@ -16,6 +16,7 @@ from tests.conftest import API_KEY, Stack, dit_settings
 from tests.e2e.metrics_text import sample
 from tests.support.dit_pools import pointed_at
 from tests.support.live_server import LiveServer
+from tests.support.waiting import holds_within, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -45,9 +46,7 @@ def settled(stack: Stack, timeout: float = 30.0) -> dict[str, float]:
             "dit_row_buffers": sample(stack.dit.url, "ardit_dit_handoff_buffer_bytes"),
         }
 
-    deadline = time.monotonic() + timeout
-    while any(counts().values()) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    holds_within(lambda: not any(counts().values()), timeout, every=0.1)  # the callers say what is left
     return counts()
 
 
@@ -86,13 +85,17 @@ def test_client_disconnect_during_denoising_stops_the_dit_within_a_step(stack):
             + f"Authorization: Bearer {API_KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
             + body
         )
-        while sample(stack.dit.url, "ardit_dit_pipeline_runs_in_flight") < 1:
-            time.sleep(0.05)
+        wait_for(
+            lambda: sample(stack.dit.url, "ardit_dit_pipeline_runs_in_flight") >= 1,
+            120,
+            "the render started",
+            every=0.05,
+        )
         time.sleep(3.0)  # a few denoising steps in (about 1.5 s each here)
-    left_at = time.monotonic()  # the client is gone
-    while sample(stack.dit.url, "ardit_dit_pipeline_runs_in_flight"):
-        time.sleep(0.05)
-    stopped_after = time.monotonic() - left_at
+    # The client is gone.
+    stopped_after = wait_for(
+        lambda: not sample(stack.dit.url, "ardit_dit_pipeline_runs_in_flight"), 60, "the run stopped", every=0.05
+    )
     # The AR sees the disconnect at once, the DiT at its next write, the run at its next step.
     assert stopped_after < 5.0, stopped_after
     assert not any(settled(stack).values())

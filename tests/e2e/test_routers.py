@@ -26,6 +26,7 @@ from vllm.distributed.kv_events import BlockStored, KVEventBatch
 from tests.conftest import HANDOFF_TOKEN
 from tests.e2e.metrics_text import sample
 from tests.support.ports import free_port
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -77,10 +78,12 @@ def start_replica(dit_url: str, kv_events: bool) -> Replica:
 def replicas(stack) -> Iterator[tuple[Replica, Replica]]:
     pair = (start_replica(stack.dit.url, kv_events=True), start_replica(stack.dit.url, kv_events=False))
     try:
-        deadline = time.monotonic() + 900
-        while not all(r.ready() for r in pair):
-            assert time.monotonic() < deadline and all(r.process.poll() is None for r in pair), "replicas not ready"
-            time.sleep(1)
+
+        def running_and_ready() -> bool:
+            assert all(r.process.poll() is None for r in pair), "a replica exited"
+            return all(r.ready() for r in pair)
+
+        wait_for(running_and_ready, 900, "both replicas are ready", every=1)
         yield pair
     finally:
         for replica in pair:
@@ -155,15 +158,15 @@ def router(replicas) -> Iterator[str]:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
+
+        def running_and_answering() -> bool:
+            assert process.poll() is None, "vllm-router exited"
             try:
-                if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
-                    break
+                return httpx.get(f"{url}/v1/models", timeout=2).status_code == 200
             except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline and process.poll() is None, "vllm-router did not start"
-            time.sleep(0.5)
+                return False
+
+        wait_for(running_and_answering, 120, "vllm-router answers", every=0.5)
         yield url
     finally:
         process.send_signal(signal.SIGINT)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import socket
-import time
 
 import httpx
 import psutil
@@ -20,6 +19,7 @@ import pytest
 from tests.conftest import API_KEY, OTHER_API_KEY, Stack
 from tests.e2e.metrics_text import sample
 from tests.e2e.test_lifecycle import HEADERS, post, settled
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -38,14 +38,6 @@ def stalled_stream(stack: Stack, key: str) -> socket.socket:
     )
     sock.sendall(head.encode() + body)
     return sock
-
-
-def wait_until(condition, timeout: float, what: str, state=lambda: None) -> float:
-    started = time.monotonic()
-    while not condition():
-        assert time.monotonic() - started < timeout, f"{what}: not within {timeout:g} s ({state()})"
-        time.sleep(0.2)
-    return time.monotonic() - started
 
 
 def closed(sock: socket.socket) -> bool:
@@ -79,8 +71,10 @@ def test_stalled_readers_hold_no_capacity_and_are_cut_off_after_the_send_timeout
     try:
         # The DiT renders them one after another (about 15 s each here): the first may be cut off before the
         # last is rendered. Once all their work is over, each is stalled or was cut off, none finished.
-        wait_until(lambda: sample(ar, "ardit_ar_requests_in_flight") > 0, 30, "the stalled requests start")
-        rendered_in = wait_until(lambda: not any(settled(stack, 0).values()), 600, "the stalled requests' work ends")
+        wait_for(lambda: sample(ar, "ardit_ar_requests_in_flight") > 0, 30, "the stalled requests start", every=0.2)
+        rendered_in = wait_for(
+            lambda: not any(settled(stack, 0).values()), 600, "the stalled requests' work ends", every=0.2
+        )
 
         def cut() -> float:
             return sample(ar, "ardit_ar_slow_readers_closed_total", reason="send_timeout") - closed_before
@@ -92,7 +86,9 @@ def test_stalled_readers_hold_no_capacity_and_are_cut_off_after_the_send_timeout
         assert sample(ar, "ardit_ar_requests_in_flight") == sample(ar, "ardit_ar_requests_queued") == 0
         normal = [post(stack, prompt="a bell", num_inference_steps=2) for _ in range(3)]
         assert [r.status_code for r in normal] == [200] * 3
-        wait_until(lambda: cut() == capacity, stack.settings.send_timeout_seconds + 30, "the stalled are cut off")
+        wait_for(
+            lambda: cut() == capacity, stack.settings.send_timeout_seconds + 30, "the stalled are cut off", every=0.2
+        )
         for sock in stalled:
             assert closed(sock)
     finally:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,6 +23,7 @@ from opentelemetry.trace import SpanKind
 from tests.conftest import API_KEY, HANDOFF_TOKEN, Stack
 from tests.support.otlp_collector import OtlpCollector, ReceivedSpan
 from tests.support.ports import free_port
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -62,14 +62,13 @@ def generate(stack: Stack, headers: dict[str, str]) -> str:
 
 def ended(spans: InMemorySpanExporter, name: str, request_id: str, timeout: float = 30.0) -> ReadableSpan:
     """The span ``name`` of the request, once it has ended."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for span in spans.get_finished_spans():
-            assert span.attributes is not None
-            if span.name == name and span.attributes.get("ardit.request_id") == request_id:
-                return span
-        time.sleep(0.1)
-    pytest.fail(f"the span {name} of {request_id} did not end")
+
+    def found() -> list[ReadableSpan]:
+        named = [span for span in spans.get_finished_spans() if span.name == name]
+        return [span for span in named if (span.attributes or {}).get("ardit.request_id") == request_id]
+
+    wait_for(found, timeout, f"the span {name} of {request_id} ends", every=0.1)
+    return found()[0]
 
 
 def trace_of(spans: InMemorySpanExporter, request_id: str) -> list[ReadableSpan]:
@@ -165,18 +164,17 @@ def ar_process(stack: Stack, collector: OtlpCollector, log: Path) -> Iterator[st
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 600
-        while True:
+
+        def running_and_ready() -> bool:
             assert process.poll() is None, log.read_text()[-4000:]
             try:
                 readiness = httpx.get(f"{url}/readyz")
             except httpx.TransportError:
-                readiness = None
-            if readiness is not None and readiness.status_code == 200:
-                break
-            failed = readiness is not None and "failed" in readiness.json()["reason"]
-            assert not failed and time.monotonic() < deadline, f"the AR did not get ready:\n{log.read_text()[-4000:]}"
-            time.sleep(0.5)
+                return False
+            assert "failed" not in readiness.json()["reason"], f"the AR did not get ready:\n{log.read_text()[-4000:]}"
+            return readiness.status_code == 200
+
+        wait_for(running_and_ready, 600, "the AR is ready", every=0.5, state=lambda: log.read_text()[-4000:])
         yield url
     finally:
         process.terminate()
@@ -192,13 +190,11 @@ def test_otel_variables_export_the_ars_spans_and_vllms_in_the_dits_trace(stack, 
             timeout=300,
         )
         assert response.status_code == 200, response.text
-        deadline = time.monotonic() + 30
 
         def received() -> dict[str, ReceivedSpan]:
             return {s.name: s for s in collector.spans if s.trace_id == EXPORTED_TRACE_ID}
 
-        while len(received()) < 3 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_for(lambda: len(received()) >= 3, 30, "three spans exported", every=0.1, state=received)
     exported = received()
     assert set(exported) == {SERVER_SPAN, "ardit.ar.handoff", "llm_request"}
     assert {span.service for span in exported.values()} == {"ardit-ar"}
