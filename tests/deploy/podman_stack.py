@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 
 from tests.deploy.compose_cli import ROOT
+from tests.support.waiting import holds_within
 
 CONTAINERS_CONF = ROOT / "deploy" / "podman" / "containers.conf"
 
@@ -53,14 +54,16 @@ class ApiSocket:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 30
         with httpx.Client(transport=httpx.HTTPTransport(uds=str(self.path)), base_url="http://podman") as client:
-            while time.monotonic() < deadline:
+
+            def answers() -> bool:
                 try:
-                    if client.get("/_ping").text == "OK":
-                        return self
+                    return client.get("/_ping").text == "OK"
                 except httpx.TransportError:
-                    time.sleep(0.2)
+                    return False
+
+            if holds_within(answers, 30, every=0.2):
+                return self
         self.__exit__()
         raise RuntimeError("podman system service did not answer on its socket within 30 s")
 

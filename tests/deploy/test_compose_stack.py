@@ -32,6 +32,7 @@ from PIL import Image
 from services.checkpoints import AR_MODEL, DIT_MODEL, default_model_dir
 from tests.deploy.compose_cli import CPU_FILES, compose, rendered
 from tests.deploy.podman_stack import ApiSocket, HealthcheckRunner, inspect, podman
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.containers]
 
@@ -217,9 +218,12 @@ def kill_and_wait_for_restart(stack: ComposeStack, service: str) -> float:
     before = inspect(container)
     os.kill(before["State"]["Pid"], signal.SIGKILL)
     killed = time.monotonic()
-    while inspect(container)["RestartCount"] <= before["RestartCount"]:
-        assert time.monotonic() < killed + RECOVERY_TIMEOUT_SECONDS, f"{service} was not restarted"
-        time.sleep(0.5)
+    wait_for(
+        lambda: inspect(container)["RestartCount"] > before["RestartCount"],
+        RECOVERY_TIMEOUT_SECONDS,
+        f"{service} is restarted",
+        every=0.5,
+    )
     stack.report[f"{service}_restarted_after_seconds"] = round(time.monotonic() - killed, 1)
     return killed
 

@@ -31,6 +31,7 @@ from services.lifetime import die_with_parent
 from shared.result_frames import RESERVATIONS_PATH
 from tests.support.ports import free_port
 from tests.support.redis_server import redis_server
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.gateway, pytest.mark.slow]
 
@@ -75,16 +76,16 @@ class Replica:
             )
 
     def wait_ready(self, timeout: float = 600.0) -> float:
-        started = time.monotonic()
-        while True:
+        def running_and_ready() -> bool:
             assert self.process is not None and self.process.poll() is None, self.log.read_text()[-3000:]
             try:
-                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
-                    return time.monotonic() - started
+                return httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200
             except httpx.TransportError:
-                pass
-            assert time.monotonic() - started < timeout, f"{self.name} not ready: {self.log.read_text()[-3000:]}"
-            time.sleep(0.25)
+                return False
+
+        return wait_for(
+            running_and_ready, timeout, f"{self.name} is ready", every=0.25, state=lambda: self.log.read_text()[-3000:]
+        )
 
     def stop(self, sig: signal.Signals, timeout: float = 240.0) -> int:
         assert self.process is not None
@@ -230,10 +231,7 @@ def _replicas(tmp: Path, redis_url: str, gateway: str) -> tuple[list[Replica], l
 def _wait_in_rotation(gateway: str) -> None:
     """Until HAProxy has both ready ARs in rotation. It checks each every second and takes it in at the first
     pass (``inter 1s rise 1``), so for up to a second after the replicas are ready the gateway still answers 503."""
-    deadline = time.monotonic() + 30
-    while httpx.get(f"{gateway}/readyz").status_code != 200:
-        assert time.monotonic() < deadline, "the gateway put no AR in rotation within 30 s"
-        time.sleep(0.1)
+    wait_for(lambda: httpx.get(f"{gateway}/readyz").status_code == 200, 30, "an AR in the gateway's rotation")
     time.sleep(1.5)  # one more check interval: the other ready AR is in rotation too
 
 

@@ -33,6 +33,7 @@ from tests.deploy.dashboard import (
 )
 from tests.deploy.prometheus_rules import ALERT_EXPR, RULE_FILES, rules
 from tests.support.ports import free_port
+from tests.support.waiting import holds_within
 
 pytestmark = pytest.mark.slow
 
@@ -64,14 +65,10 @@ def scrape_config(stack: Stack) -> dict:
     return config
 
 
-def wait_for(condition, timeout: float, what: str, log: Path | None = None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = condition()
-        if result:
-            return result
-        time.sleep(0.5)
-    pytest.fail(f"timed out waiting for {what}" + (f"; prometheus log:\n{log.read_text()[-4000:]}" if log else ""))
+def wait_for(condition, timeout: float, what: str, log: Path | None = None) -> None:
+    """Looks every 0.5 s (each look is a query of the Prometheus server, which scrapes every 1 s)."""
+    if not holds_within(condition, timeout, every=0.5):
+        pytest.fail(f"timed out waiting for {what}" + (f"; prometheus log:\n{log.read_text()[-4000:]}" if log else ""))
 
 
 def send_traffic(stack: Stack) -> int:
