@@ -98,13 +98,13 @@ class DitPeer:
             capabilities = DitCapabilities.model_validate(json.loads(answer)["capabilities"])
         except (ValueError, KeyError, TypeError, ValidationError):
             return PeerState(False, "DiT service announced no usable capabilities")
-        if capabilities.hidden_size != self._row_width:
+        if capabilities.row_width != self._row_width:
             return PeerState(
-                False, f"DiT is conditioned on {capabilities.hidden_size}-wide rows, this AR makes {self._row_width}"
+                False, f"DiT is conditioned on {capabilities.row_width}-wide rows, this AR makes {self._row_width}"
             )
-        differences = capabilities.rows.differences(self._rows) if capabilities.rows is not None else []
+        differences = capabilities.rows.differences(self._rows) if capabilities.rows is not None else {}
         if differences:
-            return PeerState(False, f"DiT reads rows otherwise than this AR: {'; '.join(differences)}")
+            return PeerState(False, f"DiT reads rows otherwise than this AR: {'; '.join(differences.values())}")
         if self._rows.conditioning not in capabilities.conditioning:
             return PeerState(False, f"DiT has no {self._rows.conditioning!r} conditioning adapter")
         return PeerState(True, "ready", capabilities)

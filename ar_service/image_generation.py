@@ -179,7 +179,7 @@ class ImageGenerator:
             model=self.settings.model_dir.name,
             conditioning=self.engine.rows.conditioning,
             dtype=wire_dtype(self.engine.dtype),
-            hidden_size=self.engine.row_width,
+            row_width=self.engine.row_width,
             layers=self.engine.rows.layers,
             final_norm=self.engine.rows.final_norm,
             streams={

@@ -77,7 +77,7 @@ def handoff(seed: int, hidden: int, width: int, height: int, steps: int) -> byte
             model="bench",
             conditioning="qwen_image",
             dtype="float32",
-            hidden_size=hidden,
+            row_width=hidden,
             layers=[30],
             final_norm=True,
             streams={"cond": StreamSpec(prompt_tokens=ROWS, max_rows=ROWS, prefix_tokens=0)},

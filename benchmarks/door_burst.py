@@ -67,7 +67,7 @@ def serve(side: str, port: int) -> None:
     dit = DitCapabilities(
         model="door-burst",
         description="none",
-        hidden_size=8,
+        row_width=8,
         conditioning=["qwen_image"],
         limits=limits,
         defaults=defaults,

@@ -101,7 +101,7 @@ def ardit(
         model="bench",
         conditioning="qwen_image",
         dtype="bfloat16",
-        hidden_size=HIDDEN,
+        row_width=HIDDEN,
         layers=[28],
         final_norm=True,
         streams={"cond": StreamSpec(prompt_tokens=PROMPT, max_rows=ROWS)},

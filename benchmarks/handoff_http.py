@@ -96,9 +96,9 @@ def serve_receiver(http_port: int, raw_port: int, raw_bytes: int) -> None:
     @app.post("/v1/handoff")
     async def handoff(request: Request) -> StreamingResponse:
         started = time.monotonic()
-        async with intake.receive(request.stream(), lambda _: None) as assembled:
-            rows = sum(s.rows.shape[0] for s in assembled.streams.values())
-        done = DoneFrame(request_id=assembled.open.request_id, timings={"receive": time.monotonic() - started})
+        async with intake.receive(request.stream(), lambda _: None) as received:
+            rows = sum(s.rows.shape[0] for s in received.handoff.streams.values())
+        done = DoneFrame(request_id=received.handoff.open.request_id, timings={"receive": time.monotonic() - started})
 
         async def frames() -> AsyncIterator[bytes]:
             yield encode_result(done)
@@ -140,7 +140,7 @@ def open_frame(rows: int) -> OpenFrame:
         model="bench",
         conditioning="qwen_image",
         dtype="bfloat16",
-        hidden_size=HIDDEN,
+        row_width=HIDDEN,
         layers=[28],
         final_norm=True,
         streams={"cond": StreamSpec(prompt_tokens=rows, max_rows=rows)},

@@ -80,7 +80,7 @@ class SharedModels:
             dtype=self.dit.facts.dtype,
         )
         self.adapter = ConditioningAdapters(options).get("qwen_image")
-        self.renderer = Renderer(self.dit, VaeCodec(self.dit), ImageEncoder(), DitMetrics(CollectorRegistry()))
+        self.renderer = Renderer(self.dit, VaeCodec(self.dit.vae), ImageEncoder(), DitMetrics(CollectorRegistry()))
 
     @torch.inference_mode()
     def generate(self, request: TextToImageInput) -> bytes:

@@ -17,10 +17,16 @@ from services.tracing import configure_tracing
 def intra_op_threads(settings: DitSettings) -> int | None:
     """The operator's thread count, else on CPU the one the model card measured, else None (torch's default).
 
-    Set here, by the process's owner, because torch's thread count is the whole process's."""
+    Set here, by the process's owner, because torch's thread count is the whole process's. A folder whose card
+    cannot be read has none: its load fails next, and says why."""
     if settings.torch_threads is not None:
         return settings.torch_threads
-    return ModelCard.read(settings.model_dir).cpu_threads if settings.device == "cpu" else None
+    if settings.device != "cpu":
+        return None
+    try:
+        return ModelCard.read(settings.model_dir).cpu_threads
+    except ValueError:
+        return None
 
 
 def main() -> int:

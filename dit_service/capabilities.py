@@ -1,7 +1,7 @@
 """This DiT's announcement (``shared.capabilities``), built once from its settings and loaded model.
 
 Every limit comes from one place: the settings (operator's caps) or the model itself (size
-multiple, fewest steps, conditioning width, and what its family runs: ``dit_service.families``,
+multiple, fewest steps, conditioning width, and what its family runs: its model card,
 whose guidance cap tightens the operator's; step caches, previews and edits are offered only where
 it runs them). Defaults follow settings, then the model card, then fallbacks that suit any
 Qwen-Image (guidance no higher than the family's cap). The sizes drawn are the settings' list, else
@@ -26,22 +26,22 @@ FALLBACK_NEGATIVE_PROMPT = " "
 
 def dit_capabilities(settings: DitSettings, model: DitModel) -> DitCapabilities:
     """Raises ``ValueError`` if the configured defaults are outside the limits (a load failure)."""
-    facts, card, family = model.facts, model.card, model.family
+    facts, card = model.facts, model.card
     # A step cache's hook state lives on the shared transformer: offered, where the family runs them, with one run
     # at a time only.
-    step_caches = list(family.step_caches) if settings.max_pipeline_runs == 1 else []
-    max_guidance_scale = min(settings.max_guidance_scale, family.max_guidance_scale)
+    step_caches = list(card.step_caches) if settings.max_pipeline_runs == 1 else []
+    max_guidance_scale = min(settings.max_guidance_scale, card.max_guidance_scale)
     sizes = card.sizes if settings.sizes is None else settings.sizes
     listed = sizes or None  # [] in the settings: any size, whatever the card lists
     default_size = settings.default_size or card.default_size or (listed[0] if listed else FALLBACK_SIZE)
     width, height = parse_size(default_size)
     capabilities = DitCapabilities(
         model=settings.model_dir.name,
-        description=card.description or f"a diffusers {family.name} loaded from {settings.model_dir.name}",
-        hidden_size=facts.joint_attention_dim,
+        description=card.description or f"a diffusers {card.family} loaded from {settings.model_dir.name}",
+        row_width=facts.row_width,
         rows=card.rows,
         conditioning=ConditioningAdapters.names(),
-        cfg_above=family.cfg_above,
+        cfg_above=card.cfg_above,
         limits=DiffusionLimits(
             size_multiple=facts.size_multiple,
             max_pixels=settings.max_pixels,
@@ -53,8 +53,8 @@ def dit_capabilities(settings: DitSettings, model: DitModel) -> DitCapabilities:
             output_formats=ImageEncoder.supported(),
             step_caches=step_caches,
             sizes=listed,
-            max_partial_images=MAX_PARTIAL_IMAGES if family.previews else 0,
-            edits=family.edits,
+            max_partial_images=MAX_PARTIAL_IMAGES if card.previews else 0,
+            edits=card.edits,
         ),
         defaults=DiffusionDefaults(
             width=width,

@@ -152,7 +152,7 @@ class HandoffEndpoint:
         self, request: Request, services: HandoffServices
     ) -> tuple[OpenFrame, Conditioning, EditInput | None]:
         # Kept in its own frame so no reference to the row buffer outlives the intake block.
-        async with self.intake.receive(request.stream(), services.policy.check) as handoff:
-            adapter = services.adapters.get(handoff.open.conditioning)
+        async with self.intake.receive(request.stream(), services.policy.check) as received:
+            handoff, adapter = received.handoff, received.accepted
             edit = EditInput.of(handoff.edit) if handoff.edit is not None else None
             return handoff.open, adapter.select(handoff), edit

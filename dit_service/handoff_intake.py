@@ -16,6 +16,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from prometheus_client import Gauge
 from starlette.requests import ClientDisconnect
@@ -27,7 +28,16 @@ from shared.frames import OpenFrame
 from shared.handoff_assembler import AssembledHandoff, AssemblyCaps, HandoffReceiver
 from shared.row_buffer_pool import RowBufferPool
 
-OpenCheck = Callable[[OpenFrame], object]
+# What the check of an ``open`` frame answers when it accepts it (the DiT's: the conditioning adapter it checked).
+Accepted = TypeVar("Accepted")
+
+
+@dataclass(frozen=True)
+class Received(Generic[Accepted]):
+    handoff: AssembledHandoff
+    # The open frame's check's answer.
+    accepted: Accepted
+
 
 log = logging.getLogger("ardit.dit.intake")
 
@@ -54,14 +64,17 @@ class HandoffIntake:
     pool: RowBufferPool | None
 
     @asynccontextmanager
-    async def receive(self, chunks: AsyncIterator[bytes], check_open: OpenCheck) -> AsyncIterator[AssembledHandoff]:
-        """Yields the complete handoff; its rows are released when the block exits."""
+    async def receive(
+        self, chunks: AsyncIterator[bytes], check_open: Callable[[OpenFrame], Accepted]
+    ) -> AsyncIterator[Received[Accepted]]:
+        """Yields the complete handoff with what ``check_open`` answered for its ``open`` frame; its rows are released
+        when the block exits."""
         receiver = HandoffReceiver(self.caps, self.limits, self.pool)
         account = _BufferAccount(self.metrics.handoff_buffer_bytes)
         try:
-            handoff = await self._assemble(receiver, account, chunks, check_open)
+            received = await self._assemble(receiver, account, chunks, check_open)
             try:
-                yield handoff
+                yield received
             except HandoffError as exc:
                 # The consumer refused the assembled rows (e.g. a prompt too long for the DiT).
                 self._failed(exc.code, exc.message)
@@ -73,13 +86,18 @@ class HandoffIntake:
                 self.metrics.handoff_buffer_idle_bytes.set(self.pool.idle_bytes)
 
     async def _assemble(
-        self, receiver: HandoffReceiver, account: _BufferAccount, chunks: AsyncIterator[bytes], check_open: OpenCheck
-    ) -> AssembledHandoff:
+        self,
+        receiver: HandoffReceiver,
+        account: _BufferAccount,
+        chunks: AsyncIterator[bytes],
+        check_open: Callable[[OpenFrame], Accepted],
+    ) -> Received[Accepted]:
         metrics = self.metrics
         started = time.monotonic()
         metrics.handoffs_in_flight.inc()
         try:
-            opened = False
+            # The check's answer once ``open`` has arrived; a handoff that finishes has had its ``open``.
+            accepted: list[Accepted] = []
             async with aclosing(self._paced(chunks)) as paced:
                 async for chunk in paced:
                     frames_before = receiver.reader.frames
@@ -89,9 +107,8 @@ class HandoffIntake:
                         account.set(receiver.assembler.allocated_bytes)
                         metrics.handoff_received_bytes.inc(len(chunk))
                         metrics.handoff_received_frames.inc(receiver.reader.frames - frames_before)
-                    if not opened and receiver.assembler.open is not None:
-                        opened = True
-                        check_open(receiver.assembler.open)
+                    if not accepted and receiver.assembler.open is not None:
+                        accepted.append(check_open(receiver.assembler.open))
             handoff = receiver.finish()
         except HandoffError as exc:
             self._failed(exc.code, exc.message)
@@ -102,7 +119,7 @@ class HandoffIntake:
         finally:
             metrics.handoffs_in_flight.dec()
         metrics.handoff_receive_seconds.observe(time.monotonic() - started)
-        return handoff
+        return Received(handoff, accepted[0])
 
     def _failed(self, reason: str, message: str) -> None:
         # The log line carries the request id (x-request-id, set by the AR) through the log filter.

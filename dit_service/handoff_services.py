@@ -1,7 +1,7 @@
 """What serves handoffs once the model is loaded, built in one place from the settings and the model.
 
 ``serve_model`` is what ``ModelState`` calls after the load: the announcement (capabilities), the
-open-frame policy, the conditioning adapters and the result stream over the renderer, plus the warm-up:
+open-frame policy (which holds the conditioning adapters) and the result stream over the renderer, plus the warm-up:
 a second renderer with throwaway metrics (the warm-up must not show up as served traffic), and the
 default request and the steps it may take, what the DiT's pace is measured on.
 """
@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 from dit_service.admission import AdmissionControl
 from dit_service.capabilities import dit_capabilities
 from dit_service.conditioning import ConditioningAdapters, ConditioningOptions
+from dit_service.family_classes import LATENT_DECODERS
 from dit_service.image_encoder import ImageEncoder
 from dit_service.metrics import DitMetrics
 from dit_service.model import DitModel
@@ -35,7 +36,6 @@ class HandoffServices:
 
     capabilities: DitCapabilities
     policy: OpenFramePolicy
-    adapters: ConditioningAdapters
     results: ResultStream
 
 
@@ -49,8 +49,8 @@ def serve_model(
 ) -> tuple[HandoffServices, Warmup]:
     """The services over ``model``, and its warm-up."""
     # What decodes the family's latents here (previews; Qwen-Image's finals and edits too), where it has one.
-    decoder = model.family.decoder
-    vae, encoder = decoder(model) if decoder is not None else None, ImageEncoder()
+    layout = model.card.latents
+    vae, encoder = LATENT_DECODERS[layout](model.vae) if layout is not None else None, ImageEncoder()
     capabilities = dit_capabilities(settings, model)
     options = ConditioningOptions(
         special_token_ids=settings.special_token_ids,
@@ -59,7 +59,6 @@ def serve_model(
         pad_to_multiple=settings.pad_to_multiple,
         dtype=model.facts.dtype,
     )
-    adapters = ConditioningAdapters(options)
     scheduler = RenderScheduler(
         Renderer(model, vae, encoder, metrics),
         admission.run_slots,
@@ -75,7 +74,7 @@ def serve_model(
         progress_interval=settings.progress_interval_seconds,
         max_consecutive_failures=settings.max_consecutive_pipeline_failures,
     )
-    policy = OpenFramePolicy(capabilities, adapters, settings.expected_model)
+    policy = OpenFramePolicy(capabilities, ConditioningAdapters(options), settings.expected_model)
     limits = capabilities.limits
     warmup = Warmup(
         Renderer(model, vae, encoder, DitMetrics(CollectorRegistry())),
@@ -83,4 +82,4 @@ def serve_model(
         limits.min_inference_steps,
         limits.max_inference_steps,
     )
-    return HandoffServices(capabilities, policy, adapters, results), warmup
+    return HandoffServices(capabilities, policy, results), warmup

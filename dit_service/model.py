@@ -2,8 +2,8 @@
 
 One diffusers pipeline object is not thread-safe (its scheduler holds the step index and its
 ``_interrupt``/``_guidance_scale`` live on the object), but the weights are read-only during
-inference. So the weights are loaded once, by the pipeline class of the folder's family
-(``dit_service.families``), and each request gets a fresh pipeline object over the same transformer
+inference. So the weights are loaded once, by the text-to-image pipeline its model card names
+(``services.model_card``), and each request gets a fresh pipeline object over the same transformer
 and VAE with its own scheduler built from the shared config: text to image, or an edit where the
 family edits (Qwen-Image's ``QwenImageImg2ImgPipeline``, ``QwenImageInpaintPipeline`` with a mask) —
 the same components driven the way diffusers' own edit pipelines drive them.
@@ -12,7 +12,6 @@ the same components driven the way diffusers' own edit pipelines drive them.
 from __future__ import annotations
 
 import logging
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,8 +19,9 @@ from typing import Any
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 
-from dit_service.families import Family, PipelineKind
-from services.model_card import ModelCard
+from dit_service.family_classes import pipeline_class
+from dit_service.shared_vae import SharedVae
+from services.model_card import ModelCard, PipelineKind
 from shared.tensor_codec import ALLOWED_DTYPES
 
 log = logging.getLogger("ardit.dit.model")
@@ -31,8 +31,8 @@ log = logging.getLogger("ardit.dit.model")
 class ModelFacts:
     """What request validation needs to know about the loaded model."""
 
-    # The width of the rows the family's transformer takes.
-    joint_attention_dim: int
+    # The width of the rows the family's transformer takes (its card's ``row_width_key``).
+    row_width: int
     # Pixel sizes must be multiples of this, or diffusers silently rounds them down (ZImagePipeline raises).
     size_multiple: int
     # Qwen-Image's scheduler stretches sigmas to ``shift_terminal``; a 1-step schedule divides 0 by 0
@@ -48,21 +48,13 @@ Pipeline = Any
 
 
 class DitModel:
-    def __init__(
-        self, base: Pipeline, device: torch.device, dtype: torch.dtype, card: ModelCard, family: Family
-    ) -> None:
+    def __init__(self, base: Pipeline, device: torch.device, dtype: torch.dtype, card: ModelCard) -> None:
         self._base = base
         self.card = card
-        self.family = family
         self.transformer = base.transformer
-        self.vae = base.vae
-        # AutoencoderKLQwenImage keeps its causal-conv feature cache on the module itself
-        # (clear_cache/_feat_map), so two encodes or decodes at once on the shared VAE corrupt each
-        # other: every use of ``vae`` outside a pipeline takes this lock.
-        self.vae_lock = threading.Lock()
-        self.vae_scale_factor: int = base.vae_scale_factor
+        self.vae = SharedVae(base.vae, base.vae_scale_factor)
         self.facts = ModelFacts(
-            joint_attention_dim=int(base.transformer.config[family.rows_width]),
+            row_width=int(base.transformer.config[card.row_width_key]),
             size_multiple=base.vae_scale_factor * 2,
             min_inference_steps=2 if base.scheduler.config.get("shift_terminal") else 1,
             dtype=dtype,
@@ -72,24 +64,18 @@ class DitModel:
     @classmethod
     def load(cls, model_dir: Path, device: str, dtype_name: str) -> DitModel:
         dtype = ALLOWED_DTYPES[dtype_name]
-        family = Family.of(model_dir)
         card = ModelCard.read(model_dir)  # before the weights: a card naming layers the folder lacks fails at once
-        pipeline = family.pipelines["text_to_image"]
+        pipeline = pipeline_class(card.pipelines["text_to_image"])
         base = pipeline.from_pretrained(str(model_dir), text_encoder=None, tokenizer=None, dtype=dtype)
         base.to(device)
-        log.info("loaded %s (%s) on %s as %s", model_dir, family.name, device, dtype_name)
-        return cls(base, torch.device(device), dtype, card, family)
-
-    @property
-    def latent_channels(self) -> int:
-        # The transformer sees 2x2 patches of VAE latents packed into its channels.
-        return int(self.transformer.config.in_channels) // 4
+        log.info("loaded %s (%s) on %s as %s", model_dir, card.family, device, dtype_name)
+        return cls(base, torch.device(device), dtype, card)
 
     def new_pipeline(self, kind: PipelineKind = "text_to_image") -> Pipeline:
-        options = {name: self._base.config[name] for name in self.family.pipeline_options}
-        pipeline: Pipeline = self.family.pipelines[kind](
+        options = {name: self._base.config[name] for name in self.card.pipeline_options}
+        pipeline: Pipeline = pipeline_class(self.card.pipelines[kind])(
             scheduler=FlowMatchEulerDiscreteScheduler.from_config(self._base.scheduler.config),
-            vae=self.vae,
+            vae=self.vae.module,
             text_encoder=None,
             tokenizer=None,
             transformer=self.transformer,

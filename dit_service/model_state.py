@@ -51,7 +51,7 @@ def warmup_job(model: DitModel, params: DiffusionParams | None = None) -> Render
         width=size, height=size, num_inference_steps=facts.min_inference_steps, guidance_scale=0.0, seed=0
     )
     embeds, mask = (
-        torch.zeros((1, 1, facts.joint_attention_dim), dtype=facts.dtype),
+        torch.zeros((1, 1, facts.row_width), dtype=facts.dtype),
         torch.ones((1, 1), dtype=torch.long),
     )
     negative = (embeds, mask) if params.cfg else (None, None)

@@ -4,10 +4,10 @@ Checked as soon as ``open`` arrives, so a handoff this model cannot serve ends b
 are sent. The diffusion parameters are checked against the limits this DiT announces, by the same
 ``DiffusionLimits.check`` the AR runs on public requests: the announcement lets the AR refuse
 early, this check makes the DiT safe whoever sends. The conditioning width is checked because a
-mismatch would only surface as a matmul error mid-run; the recipe's layers, final norm and adapter (where the
-model's card names them) because rows read otherwise have the same width and would render a wrong picture without
-any error. Rejections name the public API's parameters (``size``, ``n``, ...), so the AR can pass them through
-unchanged.
+mismatch would only surface as a matmul error mid-run; the recipe's fields the frame carries (where the
+model's card names a recipe), by the recipe's one comparison, because rows read otherwise have the same width
+and would render a wrong picture without any error. Rejections name the public API's parameters (``size``,
+``n``, ...), so the AR can pass them through unchanged.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from dit_service.conditioning import ConditioningAdapter, ConditioningAdapters
 from shared.capabilities import DitCapabilities
 from shared.errors import ConditioningMismatch, InvalidDiffusionParams
 from shared.frames import PUBLIC_PARAM, OpenFrame
+from shared.row_recipe import OPEN_FRAME_FIELDS, RowRecipe
 
 
 class OpenFramePolicy:
@@ -30,16 +31,21 @@ class OpenFramePolicy:
         self._expected_model = expected_model
 
     def check(self, frame: OpenFrame) -> ConditioningAdapter:
+        """The adapter that selects this handoff's rows; a typed refusal for an ``open`` this DiT cannot serve."""
         if self._expected_model is not None and frame.model != self._expected_model:
             raise ConditioningMismatch(
                 f"hidden states come from {frame.model!r}; this DiT is paired with {self._expected_model!r}",
                 param="model",
             )
         adapter = self._adapters.get(frame.conditioning)
-        if frame.hidden_size != self._capabilities.hidden_size:
+        self._check_rows(frame)
+        self._check_diffusion(frame)
+        return adapter
+
+    def _check_rows(self, frame: OpenFrame) -> None:
+        if frame.row_width != self._capabilities.row_width:
             raise ConditioningMismatch(
-                f"hidden_size {frame.hidden_size} does not match the DiT's joint_attention_dim "
-                f"{self._capabilities.hidden_size}",
+                f"rows {frame.row_width} wide do not match the DiT's {self._capabilities.row_width}",
                 param="hidden_size",
             )
         rows = self._capabilities.rows
@@ -47,21 +53,14 @@ class OpenFramePolicy:
             raise ConditioningMismatch(
                 f"rows of layers {frame.layers}: this DiT knows no recipe of several layers", param="layers"
             )
-        if rows is not None and frame.layers != rows.layers:
-            raise ConditioningMismatch(
-                f"hidden states come from the AR's layers {frame.layers}; this DiT was trained on layers {rows.layers}",
-                param="layers",
-            )
-        if rows is not None and frame.final_norm != rows.final_norm:
-            state = "after" if rows.final_norm else "before"
-            raise ConditioningMismatch(
-                f"this DiT is conditioned on hidden states {state} the AR model's final norm", param="final_norm"
-            )
-        if rows is not None and frame.conditioning != rows.conditioning:
-            raise ConditioningMismatch(
-                f"this DiT is conditioned by its {rows.conditioning!r} adapter, not {frame.conditioning!r}",
-                param="conditioning",
-            )
+        if rows is not None:
+            read = RowRecipe(layers=frame.layers, final_norm=frame.final_norm, conditioning=frame.conditioning)
+            differences = rows.differences(read, OPEN_FRAME_FIELDS)
+            if differences:
+                raise ConditioningMismatch(
+                    f"the AR reads rows otherwise than this DiT was trained on: {'; '.join(differences.values())}",
+                    param=next(iter(differences)),
+                )
         for name, spec in frame.streams.items():
             if spec.prefix_tokens is None:
                 # Without it the template's rows would silently condition the image.
@@ -70,6 +69,8 @@ class OpenFramePolicy:
                     "prompt template",
                     param=PUBLIC_PARAM[name],
                 )
+
+    def _check_diffusion(self, frame: OpenFrame) -> None:
         params = frame.diffusion
         self._capabilities.limits.check(params)
         if params.cfg_above != self._capabilities.cfg_above:
@@ -84,7 +85,7 @@ class OpenFramePolicy:
         if params.cfg and "uncond" not in frame.streams:
             # diffusers would quietly render without guidance; CFG needs the AR's negative stream.
             raise InvalidDiffusionParams(
-                f"guidance_scale {params.guidance_scale} > 1 needs the 'uncond' stream (negative prompt rows)",
+                f"guidance_scale {params.guidance_scale} runs CFG here (above {params.cfg_above}), which needs the "
+                "'uncond' stream (negative prompt rows)",
                 param="guidance_scale",
             )
-        return adapter

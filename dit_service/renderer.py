@@ -11,7 +11,7 @@ item's ``emit`` as soon as they exist.
 Qwen-Image's pipeline returns latents and the service decodes them (``VaeCodec``: previews and edits
 decode and encode the same way); the other families' pipelines decode their own picture, so their
 ``denoise`` time holds the decode, and Z-Image's previews are decoded as its pipeline decodes
-(``ZImageLatents``; ``dit_service.families``).
+(``ZImageLatents``; ``services.model_card``).
 
 A round is the images denoised by one pipeline call. A job's image ``i`` uses seed ``seed + i`` and
 its own generator, so an image does not depend on how many were asked for; a job with ``n`` images
@@ -37,7 +37,7 @@ import torch
 from prometheus_client import Histogram
 
 from dit_service.conditioning import Conditioning
-from dit_service.families import LatentDecoder, PipelineKind
+from dit_service.family_classes import LatentDecoder
 from dit_service.image_encoder import ImageEncoder
 from dit_service.metrics import DitMetrics
 from dit_service.model import DitModel, Pipeline
@@ -51,6 +51,7 @@ from dit_service.render_job import (
 )
 from dit_service.step_cache import step_cache
 from dit_service.vae_codec import VaeCodec
+from services.model_card import PipelineKind
 from shared.diffusion import DiffusionParams
 from shared.result_frames import ImageFrame, PartialImageFrame, ProgressFrame
 
@@ -102,7 +103,7 @@ class _Round:
 @dataclass(frozen=True)
 class Renderer:
     model: DitModel
-    # What decodes the family's latents here (``Family.decoder``: previews, and Qwen-Image's finals and edits); None
+    # What decodes the family's latents here (its card's ``latents``: previews, and Qwen-Image's finals and edits); None
     # for a family that has none (FLUX.2: no previews, its pipeline decodes its pictures).
     vae: LatentDecoder | None
     encoder: ImageEncoder
@@ -110,8 +111,8 @@ class Renderer:
 
     @property
     def batches(self) -> bool:
-        """Whether jobs of this model may share a pipeline run (its family's, ``dit_service.families``)."""
-        return self.model.family.batches
+        """Whether jobs of this model may share a pipeline run (its model card's)."""
+        return self.model.card.batches
 
     def render(self, items: Sequence[RenderItem]) -> list[RenderOutcome]:
         """One outcome per item: its timings, or ``RenderCancelled`` if its consumer left."""
@@ -143,8 +144,8 @@ class Renderer:
         edit = job.edit
         if edit is None:
             return "text_to_image", {}
-        if not self.model.family.edits:
-            raise ValueError(f"{self.model.family.name}: this DiT does not edit images")
+        if not self.model.card.edits:
+            raise ValueError(f"{self.model.card.family}: this DiT does not edit images")
         started = time.perf_counter()
         vae = self._codec
         pixels = vae.pixels(edit.image)
@@ -163,7 +164,7 @@ class Renderer:
         device, params = self.model.facts.device, jobs[0].params
         cond = [job.conditioning for job in jobs]
         form: Callable[[list[torch.Tensor]], list[torch.Tensor] | torch.Tensor]
-        match self.model.family.prompt_embeds:
+        match self.model.card.prompt_embeds:
             case "padded_with_mask":
                 return self._padded_conditioning(cond, params)
             case "list_of_rows":
@@ -207,10 +208,10 @@ class Renderer:
         """The round's outputs, one per image of the round; None when every consumer left mid-run."""
         # Every job of a round agrees on what the denoising loop shares.
         params, steps = round.jobs[0].params, round.jobs[0].denoising_steps
-        family = self.model.family
+        card = self.model.card
         images = [(image, round.items[image.position]) for image in round.images]
         # Previews decode the latents mid-run: only where the service decodes them.
-        preview_at = preview_steps(steps, params.partial_images) if family.previews else ()
+        preview_at = preview_steps(steps, params.partial_images) if card.previews else ()
         callback = StepCallback(
             preview_at,
             functools.partial(self._previews, round),
@@ -241,7 +242,7 @@ class Renderer:
                     num_inference_steps=params.num_inference_steps,
                     sigmas=params.sigmas,
                     generator=[torch.Generator("cpu").manual_seed(seed) for seed in seeds],
-                    output_type="latent" if family.service_decodes else "pil",
+                    output_type="latent" if card.service_decodes else "pil",
                     callback_on_step_end=callback,
                     callback_on_step_end_tensor_inputs=["latents"],
                     **inputs,
@@ -253,7 +254,7 @@ class Renderer:
             round.timings[image.position].denoise += denoise
         if callback.interrupted:
             return None
-        if family.service_decodes:
+        if card.service_decodes:
             return [result[row : row + 1] for row in range(len(round.images))]
         pictures: list[Output] = result
         return pictures
@@ -280,7 +281,7 @@ class Renderer:
         if isinstance(output, PIL.Image.Image):
             return output  # decoded by the family's pipeline
         if self.vae is None:
-            raise ValueError(f"{self.model.family.name}: this renderer decodes no latents (its pipeline does)")
+            raise ValueError(f"{self.model.card.family}: this renderer decodes no latents (its pipeline does)")
         image = self.vae.decode(output, job.params.height, job.params.width)
         edit = job.edit
         if edit is not None and edit.mask is not None:
@@ -291,7 +292,7 @@ class Renderer:
     def _codec(self) -> VaeCodec:
         """Qwen-Image's codec, which edits need (its encode and paste-back)."""
         if not isinstance(self.vae, VaeCodec):
-            raise ValueError(f"{self.model.family.name}: this renderer has no VAE codec (its pipeline decodes)")
+            raise ValueError(f"{self.model.card.family}: this renderer has no VAE codec (its pipeline decodes)")
         return self.vae
 
     def _finish(self, item: RenderItem, index: int, output: Output, timings: RenderTimings) -> None:

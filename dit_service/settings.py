@@ -102,7 +102,7 @@ class DitSettings(BaseSettings):
 
     # --- receiver caps (shared AssemblyCaps / FrameLimits) -------------------------------------
     max_rows: Positive = Field(AssemblyCaps.max_rows, description="Max rows per stream.")
-    max_hidden_size: Positive = Field(AssemblyCaps.max_hidden_size, description="Max hidden size.")
+    max_row_width: Positive = Field(AssemblyCaps.max_row_width, description="Widest row an open frame may announce.")
     max_buffer_bytes: Positive = Field(
         AssemblyCaps.max_bytes, description="Max bytes of rows and edit pixels one handoff may allocate."
     )
@@ -161,7 +161,7 @@ class DitSettings(BaseSettings):
     def assembly_caps(self) -> AssemblyCaps:
         return AssemblyCaps(
             max_rows=self.max_rows,
-            max_hidden_size=self.max_hidden_size,
+            max_row_width=self.max_row_width,
             max_bytes=self.max_buffer_bytes,
             max_image_pixels=self.max_pixels,
         )

@@ -13,26 +13,23 @@ with the VAE's latent channel count through untouched). The arithmetic is the pi
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import PIL.Image
 import torch
 from diffusers import QwenImagePipeline
 from diffusers.image_processor import VaeImageProcessor
 
-if TYPE_CHECKING:
-    from dit_service.model import DitModel
+from dit_service.shared_vae import SharedVae
 
 
 class VaeCodec:
-    def __init__(self, model: DitModel) -> None:
-        self._model = model
-        vae = model.vae
+    def __init__(self, shared: SharedVae) -> None:
+        self._shared = shared
+        vae = shared.module
         shape = (1, vae.config.z_dim, 1, 1, 1)
         self._mean = torch.tensor(vae.config.latents_mean).view(shape).to(vae.device, vae.dtype)
         self._inverse_std = (1.0 / torch.tensor(vae.config.latents_std)).view(shape).to(vae.device, vae.dtype)
         # The pipelines' own pre- and postprocessing: RGB in [-1, 1], [1, 3, height, width].
-        self._processor = VaeImageProcessor(vae_scale_factor=model.vae_scale_factor * 2)
+        self._processor = VaeImageProcessor(vae_scale_factor=shared.scale_factor * 2)
 
     def pixels(self, image: PIL.Image.Image) -> torch.Tensor:
         """``image`` as the pipelines see it: [1, 3, height, width] in [-1, 1]."""
@@ -42,9 +39,9 @@ class VaeCodec:
     @torch.no_grad()
     def encode(self, pixels: torch.Tensor) -> torch.Tensor:
         """[1, 3, height, width] in [-1, 1] → normalised latents [1, z_dim, height / 8, width / 8]."""
-        vae = self._model.vae
+        vae = self._shared.module
         frames = pixels.to(device=vae.device, dtype=vae.dtype).unsqueeze(2)  # the VAE takes [B, C, T, H, W]
-        with self._model.vae_lock:
+        with self._shared.lock:
             latents = vae.encode(frames).latent_dist.mode()
         normalised: torch.Tensor = ((latents - self._mean) * self._inverse_std)[:, :, 0]
         return normalised
@@ -58,10 +55,10 @@ class VaeCodec:
     @torch.no_grad()
     def decode(self, packed: torch.Tensor, height: int, width: int) -> PIL.Image.Image:
         """``packed``: [1, patches, channels] as the transformer produces them."""
-        vae = self._model.vae
-        latents = QwenImagePipeline._unpack_latents(packed, height, width, self._model.vae_scale_factor)
+        vae = self._shared.module
+        latents = QwenImagePipeline._unpack_latents(packed, height, width, self._shared.scale_factor)
         latents = latents.to(device=vae.device, dtype=vae.dtype) / self._inverse_std + self._mean
-        with self._model.vae_lock:
+        with self._shared.lock:
             pixels = vae.decode(latents, return_dict=False)[0][:, :, 0]
         image: PIL.Image.Image = self._processor.postprocess(pixels, output_type="pil")[0]
         return image

@@ -1,6 +1,6 @@
 """Z-Image's latents → a picture, for previews: ZImagePipeline's own decode at the end of ``__call__``.
 
-Z-Image's pipeline decodes its finished images itself (``dit_service.families``); a preview is a latent the step
+Z-Image's pipeline decodes its finished images itself (its model card); a preview is a latent the step
 callback estimated mid-run, which the service decodes here with the same arithmetic (``latents / scaling_factor +
 shift_factor``, the VAE, the pipeline's image processor) on the shared VAE. Its ``AutoencoderKL`` keeps no state on
 the module between calls, so previews and a pipeline's own decode may run at once.
@@ -8,20 +8,17 @@ the module between calls, so previews and a pipeline's own decode may run at onc
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import PIL.Image
 import torch
 from diffusers.image_processor import VaeImageProcessor
 
-if TYPE_CHECKING:
-    from dit_service.model import DitModel
+from dit_service.shared_vae import SharedVae
 
 
 class ZImageLatents:
-    def __init__(self, model: DitModel) -> None:
-        self._vae = model.vae
-        self._processor = VaeImageProcessor(vae_scale_factor=model.vae_scale_factor * 2)
+    def __init__(self, shared: SharedVae) -> None:
+        self._vae = shared.module
+        self._processor = VaeImageProcessor(vae_scale_factor=shared.scale_factor * 2)
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor, height: int, width: int) -> PIL.Image.Image:

@@ -1,45 +1,83 @@
-"""What a model folder says about the model in it: its model card.
+"""A diffusers family's model card: the one record of what ardit knows about it, one card per family.
 
-A folder made for ardit says it in ``ardit.json`` (the trained demo model's does). A folder as its
-authors published it — a diffusers pipeline that ships its own text encoder, Qwen-Image from the hub —
-gets their defaults (``PUBLISHED_CARDS``), so a user who points ardit at the download renders what the
-reference renders. A folder with neither (a DiT-only folder such as the plumbing model) has an empty
-card: the services' settings and fallbacks describe it.
+A family is a diffusers pipeline class, as a folder's ``model_index.json`` names it (``_class_name``, what diffusers
+itself loads). Its card says, as data, everything both services need: which pipeline runs each kind of render and
+how it takes the rows (the DiT maps the class names to classes), which of ardit's features it runs, how its
+``encode_prompt`` reads the text encoder (``rows``, the AR captures exactly that), and the defaults its authors
+publish. Adding a family is adding its card to ``CARDS``; this module imports no diffusers, so the AR reads the same
+cards.
 
-How a model's rows are read from its text encoder (``rows``, a ``RowRecipe``: layers, final norm, template,
-which rows) is its card's, else its family's published recipe, else Qwen-Image's (``hidden_states[-1]`` after the
-final norm), and only where the folder ships a text encoder or the card names absolute layers: a DiT-only folder
-without a card reads any layer (``rows`` None). Both services read the same card: the DiT announces it, and an AR
-given the pipeline folder itself captures exactly that. Whether a text encoder is served text-only is not carried
-here: the AR sees it in the checkpoint (``ar_service/engine/text_model.py``).
+The pipeline's facts are the family's. The published part (description, defaults, sizes, ``cpu_threads``,
+``rows``) is the folder's: a folder made for ardit replaces it with its own ``ardit.json`` (the trained demo's
+does); a folder as its authors published it, which ships its text encoder, keeps the family's; a folder with
+neither (a DiT-only folder such as the plumbing model) has none, and the services' settings and fallbacks describe
+it. Rows are read by the folder's recipe, else, where it ships a text encoder, by the family's; a DiT-only folder
+without ``ardit.json`` reads any one layer (``rows`` None). Layers counted from the end are resolved against the
+folder's text encoder.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.diffusion import Size, StepCache
+from shared.diffusion import STEP_CACHE_METHODS, Size, StepCache, StepCacheMethod
 from shared.row_recipe import RowRecipe
 
 MODEL_CARD_FILE = "ardit.json"
 PIPELINE_INDEX = "model_index.json"
 
+PipelineKind = Literal["text_to_image", "image_to_image", "inpaint"]
+# How a family's pipeline takes the rows as ``prompt_embeds``:
+# - "padded_with_mask": [B, L, D] right-padded to the longest, with ``prompt_embeds_mask`` (Qwen-Image);
+# - "list_of_rows": one [L_i, D] tensor of each image's own rows (Z-Image, as its ``encode_prompt`` gives them);
+# - "rows": [B, L, D] of the rows alone, no padding (FLUX.2: its transformer would attend to pad rows).
+PromptEmbedsForm = Literal["padded_with_mask", "list_of_rows", "rows"]
+# Whose latents the service decodes itself, by the arithmetic of that pipeline's ``__call__``: Qwen-Image's packed
+# latents (``dit_service.vae_codec``), Z-Image's (``dit_service.z_image_latents``).
+LatentLayout = Literal["qwen_image", "z_image"]
+
 
 class ModelCard(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="ignore")
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
+    # --- the family's pipeline: fixed per family, not a folder's to change
+    # The pipeline class, as ``model_index.json`` names it.
+    family: str
+    # The pipeline class of each kind of render it runs: text to image always, an edit's where it edits.
+    pipelines: dict[PipelineKind, str]
+    # The transformer config key that holds its row width.
+    row_width_key: str = "joint_attention_dim"
+    prompt_embeds: PromptEmbedsForm
+    # The service decodes the pipeline's latents itself, as edits need; else the pipeline decodes its own picture.
+    service_decodes: bool = False
+    # Whose latents the service decodes (previews, and finals where it decodes them); None: none, so no previews.
+    latents: LatentLayout | None = None
+    # Jobs may share a pipeline run (the pipeline masks rows of different lengths).
+    batches: bool
+    # The step-cache methods diffusers' hooks run on its transformer.
+    step_caches: tuple[StepCacheMethod, ...] = ()
+    # The most guidance its pipeline renders as asked (inf: no cap beyond the operator's).
+    max_guidance_scale: float = math.inf
+    # Its pipeline runs classifier-free guidance at a guidance scale above this (``DiffusionParams.cfg_above``), against
+    # the AR's negative rows.
+    cfg_above: float = 1.0
+    # The loaded pipeline's own config options each request's pipeline is built with too.
+    pipeline_options: tuple[str, ...] = ()
+
+    # --- published: the family's defaults as its authors publish them, which a folder's ``ardit.json`` replaces
     description: str | None = None
     default_size: Size | None = None
-    # The sizes the model draws well, decided by the judge (benchmarks/results/prompt_following_sizes);
-    # no list: any size within the DiT's limits.
+    # The sizes the model draws well, decided by the judge (benchmarks/results/prompt_following_sizes); no list: any
+    # size within the DiT's limits.
     sizes: list[Size] | None = None
     default_num_inference_steps: int | None = None
-    # Above 1 the DiT runs classifier-free guidance (Qwen-Image's ``true_cfg_scale``) against the negative
-    # prompt below, which the AR uses when a request gives none.
+    # The guidance a request gets when it names none (``cfg_above`` says where that runs CFG), and the negative
+    # prompt the AR encodes for CFG when a request gives none.
     default_guidance_scale: float | None = None
     default_negative_prompt: str | None = None
     # The step cache a request gets when it names none (benchmarks/results/step_cache.md decides it).
@@ -48,89 +86,160 @@ class ModelCard(BaseModel):
     # default, one per core. A model whose every op is small loses more to the threads' barriers than it gains.
     cpu_threads: int | None = Field(None, ge=1)
     # How the model's rows are read from its text encoder; an ``open`` that reads them otherwise is refused.
-    # None: not known (no card names it, and the checkpoint ships no text encoder to read it from).
     rows: RowRecipe | None = None
+
+    @property
+    def previews(self) -> bool:
+        return self.latents is not None
+
+    @property
+    def edits(self) -> bool:
+        return self.service_decodes and "image_to_image" in self.pipelines
 
     @classmethod
     def read(cls, model_dir: Path) -> ModelCard:
-        """The folder's card, its layers counted from the start; ``ValueError`` if they are not in its text encoder."""
-        path = model_dir / MODEL_CARD_FILE
-        card = cls.model_validate_json(path.read_text()) if path.exists() else _published_card(model_dir)
+        """The card of the family in ``model_dir``, as the folder has it, its layers counted from the start;
+        ``ValueError`` for a folder of no family in ``CARDS``, an ``ardit.json`` that sets the family's own facts,
+        or layers its text encoder does not have."""
+        name = _json(model_dir / PIPELINE_INDEX).get("_class_name")
+        if name is None:
+            raise ValueError(f"{model_dir}: no {PIPELINE_INDEX} names a diffusers pipeline")
+        card = CARDS.get(str(name))
+        if card is None:
+            raise ValueError(f"{model_dir}: a {name} pipeline; ardit serves {', '.join(CARDS)}")
+        try:
+            return card._as_in(model_dir)
+        except ValueError as exc:
+            raise ValueError(f"{model_dir}: {exc}") from None
+
+    def _as_in(self, model_dir: Path) -> ModelCard:
         layers = _text_encoder_layers(model_dir)
-        rows = card.rows if card.rows is not None or layers is None else RowRecipe()
+        own = model_dir / MODEL_CARD_FILE
+        if own.exists():
+            published = _published_fields(json.loads(own.read_text()))
+        elif layers is not None:
+            published = self.model_dump(include=set(PUBLISHED))
+        else:
+            published = {}
+        card = ModelCard.model_validate(self.model_dump(exclude=set(PUBLISHED)) | published)
+        rows = card.rows if card.rows is not None or layers is None else self.rows
         if rows is None:
             return card
         if layers is None:
             if min(rows.layers) < 0:
-                raise ValueError(f"{model_dir}: its card counts layers from the end, and it ships no text encoder")
+                raise ValueError("its card counts layers from the end, and it ships no text encoder")
             return card
-        try:
-            return card.model_copy(update={"rows": rows.resolved(layers)})
-        except ValueError as exc:
-            raise ValueError(f"{model_dir}: {exc}") from None
+        return card.model_copy(update={"rows": rows.resolved(layers)})
 
 
-# The defaults the authors publish with their pipeline, by its diffusers class, and how its ``encode_prompt`` reads
-# the text encoder:
-# - Qwen-Image's model card and diffusers' QwenImagePipeline documentation render at 1328x1328 (its 1:1 size) in 50
-#   steps with ``true_cfg_scale=4`` and ``negative_prompt=" "``. It lists other aspect ratios too, not all of them
-#   multiples of 16, which diffusers would silently round down: no list, any multiple of 16 is drawn. Rows:
-#   ``hidden_states[-1]``, its own template, the template's rows dropped (the recipe's defaults).
-# - Z-Image-Turbo's card and diffusers' ZImagePipeline example: 1024x1024, 9 steps, ``guidance_scale=0``; with
-#   guidance, CFG against ZImagePipeline's default negative prompt, "" (its ``encode_prompt``). Rows:
-#   ``hidden_states[-2]`` (before the final norm) of the chat template with ``enable_thinking=True``, every
-#   unpadded row kept.
+# The fields a folder's ``ardit.json`` sets, all of them together.
+PUBLISHED = frozenset(
+    {
+        "description",
+        "default_size",
+        "sizes",
+        "default_num_inference_steps",
+        "default_guidance_scale",
+        "default_negative_prompt",
+        "default_step_cache",
+        "cpu_threads",
+        "rows",
+    }
+)
+
+
+def _published_fields(values: Any) -> dict[str, Any]:
+    if not isinstance(values, dict):
+        raise ValueError(f"{MODEL_CARD_FILE} is not a JSON object")
+    if unknown := sorted(set(values) - PUBLISHED):
+        raise ValueError(f"{MODEL_CARD_FILE} sets {unknown}: a folder sets only {sorted(PUBLISHED)}")
+    return values
+
+
+# The cards, by family. Each family's published part is its authors' defaults and how its ``encode_prompt`` reads
+# the text encoder; its pipeline facts are what diffusers' pipelines take and run:
+# - Qwen-Image runs every feature. Its model card and diffusers' QwenImagePipeline documentation render at
+#   1328x1328 (its 1:1 size) in 50 steps with ``true_cfg_scale=4`` (CFG above 1) and ``negative_prompt=" "``. It
+#   lists other aspect ratios too, not all of them multiples of 16, which diffusers would silently round down: no
+#   list, any multiple of 16 is drawn. Rows: ``hidden_states[-1]``, its own template, the template's rows dropped.
+# - Z-Image-Turbo's card and diffusers' ZImagePipeline example: 1024x1024, 9 steps, ``guidance_scale=0``; CFG runs
+#   above 0, against ZImagePipeline's default negative prompt, "" (its ``encode_prompt``). Rows:
+#   ``hidden_states[-2]`` (before the final norm) of the chat template with ``enable_thinking=True``, every unpadded
+#   row kept. Its pipeline takes each image's rows as a list and masks them itself, so jobs batch (a batch renders
+#   each picture as alone but for float rounding). Previews decode as its ``__call__`` does (four public lines); it
+#   decodes its finished pictures itself, so no edits; its transformer has no ``CacheMixin``, so no step caches.
 # - FLUX.2 [klein]'s distilled models and diffusers' Flux2KleinPipeline example: 1024x1024, 4 steps,
-#   ``guidance_scale=1``. Rows: ``hidden_states`` 9, 18 and 27 side by side, chat template with
-#   ``enable_thinking=False``. diffusers pads the prompt to 512 tokens and keeps the pads' rows, computed under a
-#   padding mask; a causal engine cannot compute those (each pad would attend to the prompt alone at its own
-#   position), so the real rows condition it: the closer of the two to diffusers' pictures
-#   (benchmarks/results/flux2_pad_rows.md).
-PUBLISHED_CARDS: dict[str, ModelCard] = {
-    "QwenImagePipeline": ModelCard(
-        description="Qwen-Image (a diffusers QwenImagePipeline with its Qwen2.5-VL text encoder)",
-        default_size="1328x1328",
-        default_num_inference_steps=50,
-        default_guidance_scale=4.0,
-        default_negative_prompt=" ",
-        rows=RowRecipe(),
+#   ``guidance_scale=1``; a distilled model ignores guidance (diffusers only warns), so more is refused. Rows:
+#   ``hidden_states`` 9, 18 and 27 side by side, chat template with ``enable_thinking=False``. diffusers pads the
+#   prompt to 512 tokens and keeps the pads' rows, computed under a padding mask; a causal engine cannot compute
+#   those (each pad would attend to the prompt alone at its own position), so the real rows condition it: the closer
+#   of the two to diffusers' pictures (benchmarks/results/flux2_pad_rows.md). Its transformer takes no mask over the
+#   rows, so jobs do not batch; its latents unpack through private methods of its pipeline, so no previews; its
+#   First Block Cache fails in diffusers 0.42 (the hook subtracts the dual-stream first block's output, a pair, from
+#   a tensor), so TaylorSeer is its one step cache.
+QWEN_IMAGE = ModelCard(
+    family="QwenImagePipeline",
+    pipelines={
+        "text_to_image": "QwenImagePipeline",
+        "image_to_image": "QwenImageImg2ImgPipeline",
+        "inpaint": "QwenImageInpaintPipeline",
+    },
+    prompt_embeds="padded_with_mask",
+    service_decodes=True,
+    latents="qwen_image",
+    batches=True,
+    step_caches=STEP_CACHE_METHODS,
+    description="Qwen-Image (a diffusers QwenImagePipeline with its Qwen2.5-VL text encoder)",
+    default_size="1328x1328",
+    default_num_inference_steps=50,
+    default_guidance_scale=4.0,
+    default_negative_prompt=" ",
+    rows=RowRecipe(),
+)
+Z_IMAGE = ModelCard(
+    family="ZImagePipeline",
+    pipelines={"text_to_image": "ZImagePipeline"},
+    row_width_key="cap_feat_dim",
+    prompt_embeds="list_of_rows",
+    latents="z_image",
+    batches=True,
+    cfg_above=0.0,
+    description="Z-Image (a diffusers ZImagePipeline with its Qwen3 text encoder)",
+    default_size="1024x1024",
+    default_num_inference_steps=9,
+    default_guidance_scale=0.0,
+    default_negative_prompt="",
+    rows=RowRecipe(
+        layers=[-2],
+        final_norm=False,
+        template=None,
+        chat_template_kwargs={"enable_thinking": True},
+        drops_template=False,
+        conditioning="every_row",
     ),
-    "ZImagePipeline": ModelCard(
-        description="Z-Image (a diffusers ZImagePipeline with its Qwen3 text encoder)",
-        default_size="1024x1024",
-        default_num_inference_steps=9,
-        default_guidance_scale=0.0,
-        default_negative_prompt="",
-        rows=RowRecipe(
-            layers=[-2],
-            final_norm=False,
-            template=None,
-            chat_template_kwargs={"enable_thinking": True},
-            conditioning="every_row",
-        ),
+)
+FLUX2_KLEIN = ModelCard(
+    family="Flux2KleinPipeline",
+    pipelines={"text_to_image": "Flux2KleinPipeline"},
+    prompt_embeds="rows",
+    batches=False,
+    step_caches=("taylorseer",),
+    max_guidance_scale=1.0,
+    pipeline_options=("is_distilled",),
+    description="FLUX.2 [klein] (a diffusers Flux2KleinPipeline with its Qwen3 text encoder)",
+    default_size="1024x1024",
+    default_num_inference_steps=4,
+    default_guidance_scale=1.0,
+    rows=RowRecipe(
+        layers=[9, 18, 27],
+        final_norm=False,
+        template=None,
+        chat_template_kwargs={"enable_thinking": False},
+        drops_template=False,
+        conditioning="every_row",
     ),
-    "Flux2KleinPipeline": ModelCard(
-        description="FLUX.2 [klein] (a diffusers Flux2KleinPipeline with its Qwen3 text encoder)",
-        default_size="1024x1024",
-        default_num_inference_steps=4,
-        default_guidance_scale=1.0,
-        rows=RowRecipe(
-            layers=[9, 18, 27],
-            final_norm=False,
-            template=None,
-            chat_template_kwargs={"enable_thinking": False},
-            conditioning="every_row",
-        ),
-    ),
-}
-
-
-def _published_card(model_dir: Path) -> ModelCard:
-    index = _json(model_dir / PIPELINE_INDEX)
-    published = PUBLISHED_CARDS.get(str(index.get("_class_name")))
-    if published is None or _json(model_dir / "text_encoder" / "config.json") == {}:
-        return ModelCard()
-    return published
+)
+CARDS: dict[str, ModelCard] = {card.family: card for card in (QWEN_IMAGE, Z_IMAGE, FLUX2_KLEIN)}
 
 
 def ships_text_encoder(model_dir: Path) -> bool:
@@ -139,8 +248,8 @@ def ships_text_encoder(model_dir: Path) -> bool:
 
 
 def _text_encoder_layers(model_dir: Path) -> int | None:
-    """How many layers the text encoder a checkpoint ships has (a real Qwen-Image's Qwen2.5-VL: 28); None: it
-    ships none. A recipe's layers are counted against it, so an AR left at the demo's layer is refused by a real
+    """How many layers the text encoder a folder ships has (a real Qwen-Image's Qwen2.5-VL: 28); None: it ships
+    none. A recipe's layers are counted against it, so an AR left at the demo's layer is refused by a real
     Qwen-Image instead of feeding it rows it never saw."""
     config = _json(model_dir / "text_encoder" / "config.json")
     layers = (config.get("text_config") or {}).get("num_hidden_layers", config.get("num_hidden_layers"))

@@ -237,8 +237,8 @@ class DitCapacity(WireModel):
 class DitCapabilities(WireModel):
     model: Annotated[str, Field(min_length=1, max_length=256)]
     description: str
-    # The width of the rows this DiT is conditioned on (its joint_attention_dim).
-    hidden_size: PosInt
+    # The width of the rows this DiT is conditioned on (the key ``hidden_size`` until the next schema version).
+    row_width: PosInt = Field(alias="hidden_size")
     # How its rows are read from the AR's model (its card's, ``shared.row_recipe``): the AR captures exactly that.
     # None: not known (a DiT-only folder without a card), any one layer is taken.
     rows: RowRecipe | None = None

@@ -16,9 +16,12 @@ Buffer = bytes | bytearray | memoryview
 class WireModel(BaseModel):
     """A model that crosses the wire: immutable, strict (a float where an int belongs is an error,
     not a silent cast), and tolerant of keys it does not know (adding an optional field is not a
-    breaking change)."""
+    breaking change). A field whose wire key is older than its name in the code carries the key as its alias:
+    read and written on the wire by the key, named in the code by the name."""
 
-    model_config = ConfigDict(frozen=True, strict=True, extra="ignore")
+    model_config = ConfigDict(
+        frozen=True, strict=True, extra="ignore", validate_by_name=True, validate_by_alias=True, serialize_by_alias=True
+    )
 
 
 PosInt = Annotated[int, Field(gt=0)]

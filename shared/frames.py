@@ -92,9 +92,11 @@ class OpenFrame(WireModel):
     model: Annotated[str, Field(min_length=1, max_length=256)]
     conditioning: Annotated[str, Field(min_length=1, max_length=64)]
     dtype: str
-    hidden_size: PosInt
-    # The decoder layers each row holds side by side, in this order (``shared.row_recipe``): ``hidden_size`` is
-    # their count times the text encoder's width. A DiT that knows the layers it was trained on refuses others.
+    # The width of a row: the text encoder's width times the count of ``layers`` (the key ``hidden_size`` until the
+    # next schema version).
+    row_width: PosInt = Field(alias="hidden_size")
+    # The decoder layers each row holds side by side, in this order (``shared.row_recipe``). A DiT that knows the
+    # layers it was trained on refuses others.
     layers: Annotated[list[NonNegInt], Field(min_length=1, max_length=MAX_LAYERS)]
     final_norm: bool
     # "cond" is required; "uncond" present means a CFG negative stream follows.
@@ -117,7 +119,7 @@ class RowsFrame(WireModel):
     # One id per row (tensor_codec.token_ids_to_bytes).
     token_ids: TokenIds
     dtype: str
-    # [count, hidden_size]
+    # [count, row_width]
     shape: Annotated[list[NonNegInt], Field(min_length=2, max_length=2)]
     # xxh3-64 of this frame's payload (see checksum.py).
     checksum: Checksum

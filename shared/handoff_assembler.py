@@ -60,7 +60,7 @@ class AssemblyCaps:
     """Hard caps checked against the ``open`` frame before anything is allocated."""
 
     max_rows: int = 32768
-    max_hidden_size: int = 16384
+    max_row_width: int = 16384
     # Rows and an edit's pixels together.
     max_bytes: int = 2 << 30
     # Largest width x height of an edit's image (the DiT sets its own max_pixels here).
@@ -189,8 +189,8 @@ class HandoffAssembler:
             raise RowsOutOfBounds(f"stream {frame.stream!r} was not declared in open")
         if frame.dtype != self.open.dtype:
             raise DtypeNotAllowed(f"rows dtype {frame.dtype} differs from the handoff's {self.open.dtype}")
-        if layout.shape != (frame.count, self.open.hidden_size):
-            raise ShapeMismatch(f"shape {list(layout.shape)} is not [{frame.count}, {self.open.hidden_size}]")
+        if layout.shape != (frame.count, self.open.row_width):
+            raise ShapeMismatch(f"shape {list(layout.shape)} is not [{frame.count}, {self.open.row_width}]")
         if len(frame.token_ids) != frame.count * TOKEN_ID_BYTES:
             raise TokenCountMismatch(f"{len(frame.token_ids) // TOKEN_ID_BYTES} token ids for {frame.count} rows")
         end = frame.start + frame.count
@@ -231,8 +231,8 @@ class HandoffAssembler:
         if "cond" not in frame.streams:
             raise RowsOutOfBounds("open must declare the 'cond' stream")
         caps = self._caps
-        if frame.hidden_size > caps.max_hidden_size:
-            raise AllocationTooLarge(f"hidden size {frame.hidden_size} over the cap {caps.max_hidden_size}")
+        if frame.row_width > caps.max_row_width:
+            raise AllocationTooLarge(f"row width {frame.row_width} over the cap {caps.max_row_width}")
         itemsize = ALLOWED_DTYPES[frame.dtype].itemsize
         total = 0
         for name, spec in frame.streams.items():
@@ -240,7 +240,7 @@ class HandoffAssembler:
                 raise AllocationTooLarge(f"{name}: {spec.max_rows} rows over the cap {caps.max_rows}")
             if spec.prompt_tokens > spec.max_rows + 1:
                 raise RowsOutOfBounds(f"{name}: prompt of {spec.prompt_tokens} tokens cannot fit {spec.max_rows} rows")
-            total += spec.max_rows * frame.hidden_size * itemsize
+            total += spec.max_rows * frame.row_width * itemsize
         height, width = frame.diffusion.height, frame.diffusion.width
         roles = frame.edit.roles if frame.edit is not None else ()
         if roles and height * width > caps.max_image_pixels:
@@ -250,7 +250,7 @@ class HandoffAssembler:
             raise AllocationTooLarge(f"{total} bytes of rows and pixels over the cap {caps.max_bytes}")
         dtype = ALLOWED_DTYPES[frame.dtype]
         self._streams = {
-            name: _StreamBuffer(spec.max_rows, frame.hidden_size, dtype, self._pool)
+            name: _StreamBuffer(spec.max_rows, frame.row_width, dtype, self._pool)
             for name, spec in frame.streams.items()
         }
         self._pixels = {role: _PixelBuffer(height, width, PIXEL_CHANNELS[role]) for role in roles}

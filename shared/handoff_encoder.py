@@ -53,9 +53,9 @@ class HandoffEncoder:
         A sender that writes each frame before asking for the next hashes a frame and then sends
         it while it is still in cache, instead of hashing a whole prompt before sending any of it.
         """
-        if rows.dim() != 2 or rows.shape[1] != self.open.hidden_size or rows.shape[0] != len(token_ids):
+        if rows.dim() != 2 or rows.shape[1] != self.open.row_width or rows.shape[0] != len(token_ids):
             raise ValueError(
-                f"rows {tuple(rows.shape)} do not match hidden {self.open.hidden_size} / {len(token_ids)} ids"
+                f"rows {tuple(rows.shape)} do not match row width {self.open.row_width} / {len(token_ids)} ids"
             )
         dtype = wire_dtype(rows.dtype)
         if dtype != self.open.dtype:
@@ -68,7 +68,7 @@ class HandoffEncoder:
     ) -> Iterator[list[Buffer]]:
         count = len(token_ids)
         per_frame = max(1, self.max_frame_payload // max(1, row_bytes))
-        hidden = self.open.hidden_size
+        hidden = self.open.row_width
         for first in range(0, count, per_frame):
             n = min(per_frame, count - first)
             frame, wire = encode_row_bytes(

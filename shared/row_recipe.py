@@ -14,6 +14,7 @@ its text encoder (``resolved``): what is announced and captured is absolute.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Annotated
 
 from pydantic import Field
@@ -40,14 +41,11 @@ class RowRecipe(WireModel):
     # template: one user message, the generation prompt added, ``chat_template_kwargs`` passed on.
     template: Annotated[str, Field(max_length=4096)] | None = QWEN_IMAGE_TEMPLATE
     chat_template_kwargs: dict[str, bool] = Field(default_factory=dict)
+    # Whether the template's rows before the prompt are left out (Qwen-Image's ``encode_prompt`` drops them; Z-Image's
+    # and FLUX.2's keep every row): the AR then says where the prompt starts (``prefix_tokens``).
+    drops_template: bool = True
     # Which rows condition the DiT: the DiT's conditioning adapter of that name (``dit_service.conditioning``).
     conditioning: Annotated[str, Field(min_length=1, max_length=64)] = "qwen_image"
-
-    @property
-    def drops_template(self) -> bool:
-        """Whether the template's rows before the prompt are dropped (Qwen-Image's adapter, and the generating
-        one's); Z-Image's and FLUX.2's ``encode_prompt`` keep every row (``every_row``)."""
-        return self.conditioning != "every_row"
 
     def resolved(self, num_layers: int) -> RowRecipe:
         """This recipe with its layers counted from the start, for a text encoder of ``num_layers`` layers;
@@ -58,10 +56,18 @@ class RowRecipe(WireModel):
             raise ValueError(f"layers {missing}: the text encoder has {num_layers} layers")
         return self.model_copy(update={"layers": layers})
 
-    def differences(self, other: RowRecipe) -> list[str]:
-        """How ``other`` reads rows otherwise than this recipe, one phrase per field (empty: the same rows)."""
-        return [
-            f"{name} {getattr(other, name)!r} (not {getattr(self, name)!r})"
-            for name in type(self).model_fields
+    def differences(self, other: RowRecipe, fields: Iterable[str] | None = None) -> dict[str, str]:
+        """How ``other`` reads rows otherwise than this recipe, on ``fields`` (None: all of them): a phrase for each
+        field that differs, by its name (empty: the same rows). The one comparison of two recipes, on both sides
+        of the handoff: the AR against a DiT's announcement, a DiT against an ``open`` frame (``OPEN_FRAME_FIELDS``)."""
+        names = type(self).model_fields if fields is None else fields
+        return {
+            name: f"{name} {getattr(other, name)!r} (not {getattr(self, name)!r})"
+            for name in names
             if getattr(other, name) != getattr(self, name)
-        ]
+        }
+
+
+# The fields of a recipe that an ``open`` frame carries (schema 4); from the next schema version it carries the whole
+# recipe.
+OPEN_FRAME_FIELDS = ("layers", "final_norm", "conditioning")

@@ -12,6 +12,7 @@ from shared.row_recipe import RowRecipe
 from tests.support.capabilities import DIT
 from tests.support.fake_dit import Handler, fake_dit, ready
 from tests.support.ports import free_port
+from tests.support.waiting import until
 
 AR_ROWS = RowRecipe(layers=[8])
 
@@ -41,7 +42,7 @@ def test_a_ready_dit_hands_over_its_capabilities():
 
 
 def test_a_dit_for_other_rows_is_not_ready_with_the_reason():
-    state = state_of(answering(ready(DIT.model_copy(update={"hidden_size": 1024}))))
+    state = state_of(answering(ready(DIT.model_copy(update={"row_width": 1024}))))
     assert not state.ready and "1024" in state.reason and state.capabilities is None
     assert not state_of(answering(ready(DIT.model_copy(update={"conditioning": ["ar_generated"]})))).ready
 
@@ -156,10 +157,7 @@ def test_a_stale_state_is_answered_at_once_while_one_probe_refreshes_it(monkeypa
             states = await asyncio.wait_for(asyncio.gather(*(peer.state() for _ in range(50))), timeout=1)
             assert all(state.ready for state in states)
             release.set()
-            for _ in range(100):
-                await asyncio.sleep(0.01)
-                if not peer.last.ready:
-                    break
+            await until(lambda: not peer.last.ready, what="the refresh brought the DiT's 503 in")
             return peer.last
 
     assert not asyncio.run(scenario()).ready

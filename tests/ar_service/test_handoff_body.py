@@ -18,6 +18,7 @@ from shared.frames import OpenFrame, StreamName, StreamSpec
 from shared.handoff_assembler import AssembledHandoff, HandoffReceiver
 from shared.handoff_encoder import HandoffEncoder
 from tests.support.engine_runs import submitted
+from tests.support.waiting import within
 
 HIDDEN = 4
 
@@ -32,7 +33,7 @@ def encoder(uncond: bool = False) -> HandoffEncoder:
             model="m",
             conditioning="qwen_image",
             dtype="float32",
-            hidden_size=HIDDEN,
+            row_width=HIDDEN,
             layers=[1],
             final_norm=True,
             streams=streams,
@@ -107,14 +108,17 @@ def test_a_body_is_open_rows_close_and_assembles(overlap, frame_count):
 
 
 def test_rows_that_arrive_while_frames_are_written_go_out_as_one_frame():
+    handed_over = asyncio.Event()
+
     async def burst() -> AsyncGenerator[EngineEvent, None]:
         async for event in run_of([5, 6, 7, 8], [1, 1, 1]):
             yield event
+        handed_over.set()
 
     async def scenario():
         body = body_of({"cond": burst()})
         async with body:
-            await asyncio.sleep(0.01)  # the engine hands over every row before the body writes any
+            await within(handed_over.wait(), "the engine handed over every row")  # before the body writes any
             return [frame async for frame in body]
 
     frames = asyncio.run(scenario())
@@ -198,10 +202,9 @@ def test_leaving_the_body_early_closes_the_engine_runs():
     async def endless() -> AsyncGenerator[EngineEvent, None]:
         started.set()
         try:
-            while True:
-                await asyncio.sleep(0.01)
-                if False:  # pragma: no cover - an async generator that never yields
-                    yield
+            await asyncio.Event().wait()  # busy for ever: only closing the run ends it
+            if False:  # pragma: no cover - an async generator that never yields
+                yield
         finally:
             closed.set()
 

@@ -70,7 +70,7 @@ def body(run: AsyncGenerator[EngineEvent, None]) -> HandoffBody:
 def wide_body(rows: int, width: int) -> HandoffBody:
     """One stream of ``rows`` rows of ``width`` floats, all handed over at once."""
     spec = StreamSpec(prompt_tokens=rows + 1, max_rows=rows, prefix_tokens=1)
-    wide = encoder().open.model_copy(update={"hidden_size": width, "streams": {"cond": spec}})
+    wide = encoder().open.model_copy(update={"row_width": width, "streams": {"cond": spec}})
 
     async def run() -> AsyncGenerator[EngineEvent, None]:
         yield RowsEvent(start=0, rows=torch.zeros(rows, width), token_ids=list(range(rows)))

@@ -20,7 +20,7 @@ def make_open(
         model="test-model",
         conditioning="qwen_image",
         dtype=dtype,
-        hidden_size=hidden,
+        row_width=hidden,
         layers=[30],
         final_norm=True,
         streams=streams,

@@ -39,7 +39,7 @@ def golden_stream(dtype: torch.dtype) -> list[list[Buffer]]:
         model="smollm2-135m-instruct",
         conditioning="qwen_image",
         dtype=wire,
-        hidden_size=HIDDEN,
+        row_width=HIDDEN,
         layers=layers,
         final_norm=len(layers) == 1,
         streams={
@@ -84,7 +84,7 @@ def golden_edit_stream() -> list[list[Buffer]]:
         model="smollm2-135m-instruct",
         conditioning="qwen_image",
         dtype="float32",
-        hidden_size=HIDDEN,
+        row_width=HIDDEN,
         layers=[30],
         final_norm=True,
         streams={"cond": StreamSpec(prompt_tokens=3, max_rows=3, prefix_tokens=1)},

@@ -12,7 +12,7 @@ import yaml
 
 from ar_service.settings import ArSettings
 from dit_service.settings import DitSettings
-from services.model_card import PUBLISHED_CARDS
+from services.model_card import QWEN_IMAGE
 from shared.diffusion import parse_size
 from tests.deploy.compose_cli import CPU_FILES, GPU_FILES, ROOT, compose, rendered
 
@@ -132,7 +132,7 @@ def test_gpu_variant_lists_qwen_images_sizes_with_its_default_first_and_openais_
     for key, value in environment.items():
         monkeypatch.setenv(key, str(value))
     settings = DitSettings()
-    assert settings.sizes is not None and settings.sizes[0] == PUBLISHED_CARDS["QwenImagePipeline"].default_size
+    assert settings.sizes is not None and settings.sizes[0] == QWEN_IMAGE.default_size
     assert {"1664x928", "928x1664", "1024x1024", "1536x1024", "1024x1536"} <= set(settings.sizes)
     for size in settings.sizes:
         width, height = parse_size(size)

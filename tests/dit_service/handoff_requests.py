@@ -62,7 +62,7 @@ def open_frame(
         model=model,
         conditioning=conditioning,
         dtype=dtype,
-        hidden_size=hidden,
+        row_width=hidden,
         layers=list(layers),
         final_norm=final_norm,
         streams=streams,

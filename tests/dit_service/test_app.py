@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import pytest
 
@@ -15,6 +13,7 @@ from services.metrics import new_registry
 from shared.capabilities import DitCapabilities, Load
 from tests.dit_service.handoff_requests import complete_handoff, hidden_rows, post_handoff, scrape
 from tests.support.live_server import LiveServer
+from tests.support.waiting import wait_for
 
 REQUIRED_FAMILIES = [
     "ardit_dit_handoffs_in_flight",
@@ -38,11 +37,12 @@ def test_a_model_that_cannot_load_keeps_the_service_unready(tmp_path):
     server = LiveServer(create_dit_app(settings)).start()
     try:
         assert httpx.get(f"{server.url}/healthz").json() == {"status": "ok"}
-        deadline = time.monotonic() + 30
-        while "failed" not in (body := httpx.get(f"{server.url}/readyz").json())["reason"]:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        assert body["status"] == "not_ready"
+
+        def readyz() -> dict:
+            return httpx.get(f"{server.url}/readyz").json()
+
+        wait_for(lambda: "failed" in readyz()["reason"], 30, "the load failed", state=readyz)
+        assert readyz()["status"] == "not_ready"
         answer = post_handoff(
             server.url,
             complete_handoff(hidden_rows(4)),
@@ -61,7 +61,7 @@ def test_ready_only_after_warm_up_and_metrics_are_exported(dit_server):
     capabilities = DitCapabilities.model_validate(ready["capabilities"])
     # The server's settings and the loaded model, announced: max_sequence_length=64, two runs + four queued.
     assert capabilities.limits.max_conditioning_rows == 64 and capabilities.capacity.max_admitted == 6
-    assert capabilities.hidden_size == 576 and capabilities.limits.size_multiple == 16
+    assert capabilities.row_width == 576 and capabilities.limits.size_multiple == 16
     # The warm-up timed its renders: the default request costs something at the pace announced, and so do steps,
     # though this model's VAE outweighs a few of them.
     pace = capabilities.pace

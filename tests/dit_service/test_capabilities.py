@@ -8,25 +8,32 @@ import pytest
 import torch
 
 from dit_service.capabilities import dit_capabilities
-from dit_service.families import QWEN_IMAGE
 from dit_service.model import ModelFacts
 from dit_service.settings import DitSettings
-from services.model_card import ModelCard
+from services.model_card import PUBLISHED, QWEN_IMAGE, ModelCard
 from shared.diffusion import FirstBlockCache
 from shared.row_recipe import RowRecipe
 
 FACTS = ModelFacts(
-    joint_attention_dim=576, size_multiple=16, min_inference_steps=2, dtype=torch.float32, device=torch.device("cpu")
+    row_width=576, size_multiple=16, min_inference_steps=2, dtype=torch.float32, device=torch.device("cpu")
 )
 
 
-def model(card: ModelCard | None = None):
-    return SimpleNamespace(facts=FACTS, card=card or ModelCard(), family=QWEN_IMAGE)
+# Qwen-Image's card as a folder without its text encoder or an ``ardit.json`` has it: nothing published.
+UNPUBLISHED = QWEN_IMAGE.model_copy(update=dict.fromkeys(PUBLISHED))
+
+
+def published(**fields) -> ModelCard:
+    return ModelCard.model_validate(UNPUBLISHED.model_dump() | fields)
+
+
+def model(card: ModelCard = UNPUBLISHED):
+    return SimpleNamespace(facts=FACTS, card=card)
 
 
 def test_limits_come_from_settings_and_the_model():
     caps = dit_capabilities(DitSettings(max_pixels=65536, max_sequence_length=77, pipeline_queue_size=2), model())
-    assert caps.hidden_size == 576 and caps.conditioning == ["qwen_image", "every_row", "ar_generated"]
+    assert caps.row_width == 576 and caps.conditioning == ["qwen_image", "every_row", "ar_generated"]
     assert (caps.limits.size_multiple, caps.limits.min_inference_steps) == (16, 2)
     assert (caps.limits.max_pixels, caps.limits.max_conditioning_rows) == (65536, 77)
     assert caps.capacity.max_admitted == 1 + 2
@@ -34,7 +41,7 @@ def test_limits_come_from_settings_and_the_model():
 
 def test_defaults_follow_settings_then_the_model_card_then_the_fallback():
     assert (dit_capabilities(DitSettings(), model()).defaults.width, 256) == (256, 256)
-    card = ModelCard(description="shapes", default_size="64x64", default_num_inference_steps=20)
+    card = published(description="shapes", default_size="64x64", default_num_inference_steps=20)
     caps = dit_capabilities(DitSettings(), model(card))
     assert (caps.description, caps.defaults.width, caps.defaults.num_inference_steps) == ("shapes", 64, 20)
     caps = dit_capabilities(DitSettings(default_size="32x48", default_guidance_scale=3.0), model(card))
@@ -56,7 +63,7 @@ def test_defaults_the_limits_forbid_fail_the_load(settings):
 
 
 def test_step_caches_are_offered_and_the_cards_default_announced_only_with_one_run_at_a_time():
-    card = ModelCard(default_step_cache={"method": "first_block", "threshold": 0.1})
+    card = published(default_step_cache={"method": "first_block", "threshold": 0.1})
     one_run = dit_capabilities(DitSettings(), model(card))
     assert one_run.limits.step_caches == ["first_block", "taylorseer"]
     assert one_run.defaults.step_cache == FirstBlockCache(method="first_block", threshold=0.1)
@@ -65,13 +72,13 @@ def test_step_caches_are_offered_and_the_cards_default_announced_only_with_one_r
 
 
 def test_the_cards_sizes_are_announced_and_auto_is_the_first_of_them():
-    caps = dit_capabilities(DitSettings(), model(ModelCard(sizes=["64x64", "128x64"])))
+    caps = dit_capabilities(DitSettings(), model(published(sizes=["64x64", "128x64"])))
     assert caps.limits.sizes == ["64x64", "128x64"]
     assert (caps.defaults.width, caps.defaults.height) == (64, 64)
 
 
 def test_the_settings_sizes_replace_the_cards_and_an_empty_list_draws_any_size():
-    card = ModelCard(default_size="64x64", sizes=["64x64"])
+    card = published(default_size="64x64", sizes=["64x64"])
     assert dit_capabilities(DitSettings(sizes=["128x128", "64x64"]), model(card)).limits.sizes == ["128x128", "64x64"]
     anything = dit_capabilities(DitSettings(sizes=[]), model(card))
     assert anything.limits.sizes is None and anything.defaults.width == 64
@@ -79,7 +86,7 @@ def test_the_settings_sizes_replace_the_cards_and_an_empty_list_draws_any_size()
 
 def test_the_cards_row_recipe_is_announced_and_a_card_without_one_announces_none():
     rows = RowRecipe(layers=[9, 18, 27], final_norm=False, template=None, conditioning="every_row")
-    assert dit_capabilities(DitSettings(), model(ModelCard(rows=rows))).rows == rows
+    assert dit_capabilities(DitSettings(), model(published(rows=rows))).rows == rows
     assert dit_capabilities(DitSettings(), model()).rows is None
 
 
@@ -90,9 +97,9 @@ def test_a_model_without_listed_sizes_announces_none():
 @pytest.mark.parametrize(
     ("settings", "card"),
     [
-        (DitSettings(), ModelCard(sizes=["64x64", "40x40"])),  # not a multiple of 16
-        (DitSettings(), ModelCard(sizes=["4096x4096"])),  # over the pixel limit
-        (DitSettings(default_size="128x128"), ModelCard(sizes=["64x64"])),  # a default it does not draw
+        (DitSettings(), published(sizes=["64x64", "40x40"])),  # not a multiple of 16
+        (DitSettings(), published(sizes=["4096x4096"])),  # over the pixel limit
+        (DitSettings(default_size="128x128"), published(sizes=["64x64"])),  # a default it does not draw
     ],
 )
 def test_listed_sizes_and_a_default_the_limits_forbid_fail_the_load(settings, card):

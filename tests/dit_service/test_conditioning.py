@@ -146,7 +146,7 @@ def test_unknown_adapter_names_the_known_ones():
 @pytest.mark.slow
 def test_padding_with_a_mask_gives_the_latents_and_image_of_trimming(tiny_model):
     runner = renderer_of(tiny_model)
-    rows = torch.randn(14, tiny_model.facts.joint_attention_dim, generator=torch.Generator().manual_seed(4))
+    rows = torch.randn(14, tiny_model.facts.row_width, generator=torch.Generator().manual_seed(4))
     source = AssembledHandoff(
         open=open_frame(14),
         close=CloseFrame(request_id="req_test", streams={}, cached_tokens=0, cache_creation_tokens=0),

@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry
 
 from dit_service.capabilities import dit_capabilities
 from dit_service.conditioning import Conditioning
+from dit_service.family_classes import LATENT_DECODERS
 from dit_service.image_encoder import ImageEncoder
 from dit_service.metrics import DitMetrics
 from dit_service.model import DitModel
@@ -94,8 +95,9 @@ def models() -> dict[str, DitModel]:
 def renderer(models: dict[str, DitModel], family: FamilyUnderTest) -> Renderer:
     # These families' pipelines decode their own pictures; Z-Image's previews are decoded here.
     model = models[family.model]
-    decoder = model.family.decoder
-    return Renderer(model, decoder(model) if decoder else None, ImageEncoder(), DitMetrics(CollectorRegistry()))
+    layout = model.card.latents
+    vae = LATENT_DECODERS[layout](model.vae) if layout is not None else None
+    return Renderer(model, vae, ImageEncoder(), DitMetrics(CollectorRegistry()))
 
 
 def reference_pipeline(family: FamilyUnderTest) -> Any:
@@ -131,7 +133,7 @@ def conditioning(rows: torch.Tensor) -> Conditioning:
 
 
 def some_rows(model: DitModel, count: int = 11) -> torch.Tensor:
-    return torch.randn(count, model.facts.joint_attention_dim, generator=torch.Generator().manual_seed(3))
+    return torch.randn(count, model.facts.row_width, generator=torch.Generator().manual_seed(3))
 
 
 def params(family: FamilyUnderTest, **overrides: Any) -> DiffusionParams:
@@ -244,18 +246,18 @@ def test_flux2_kleins_taylorseer_cache_is_diffusers_own_hook_on_the_same_run(mod
 
 
 @pytest.mark.parametrize(
-    ("family", "layers", "hidden_size", "max_guidance_scale", "cfg_above", "step_caches", "previews"),
+    ("family", "layers", "row_width", "max_guidance_scale", "cfg_above", "step_caches", "previews"),
     [(Z_IMAGE, [3], 128, 50.0, 0.0, [], 3), (FLUX2_KLEIN, [9, 18, 27], 384, 1.0, 1.0, ["taylorseer"], 0)],
     ids=["z_image", "flux2_klein"],
 )
 def test_each_family_announces_its_rows_and_refuses_what_it_does_not_run(
-    models, family, layers, hidden_size, max_guidance_scale, cfg_above, step_caches, previews
+    models, family, layers, row_width, max_guidance_scale, cfg_above, step_caches, previews
 ):
     model = models[family.model]
     caps = dit_capabilities(DitSettings(model_dir=family.path), model)
     assert caps.rows is not None and caps.rows == model.card.rows
     assert (caps.rows.layers, caps.rows.final_norm, caps.rows.conditioning) == (layers, False, "every_row")
-    assert caps.hidden_size == hidden_size
+    assert caps.row_width == row_width
     assert (caps.limits.step_caches, caps.defaults.step_cache) == (step_caches, None)
     assert (caps.limits.max_guidance_scale, caps.cfg_above) == (max_guidance_scale, cfg_above)
     assert caps.defaults.guidance_scale == family.guidance_scale  # the card's
@@ -360,7 +362,7 @@ def test_z_image_previews_are_its_clean_estimates_decoded_as_its_pipeline_decode
         previews, befores, latents, [first_sigma, *sigmas[:-1]], sigmas, strict=False
     ):
         clean = clean_latent_estimate(before, after, sigma_before, sigma_after)
-        expected = ZImageLatents(model).decode(clean, SIZE, SIZE)
+        expected = ZImageLatents(model.vae).decode(clean, SIZE, SIZE)
         assert np.array_equal(pixels(preview.data), np.asarray(expected).astype(int))
 
 

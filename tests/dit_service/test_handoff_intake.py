@@ -58,12 +58,21 @@ def gauge(metrics: DitMetrics, name: str) -> float:
     return getattr(metrics, name)._value.get()
 
 
+def test_the_handoff_comes_with_what_the_check_of_its_open_frame_answered():
+    async def run():
+        opened = chunks_of(complete_handoff(hidden_rows(2)))
+        async with intake(DitMetrics(CollectorRegistry())).receive(opened, lambda frame: frame.request_id) as received:
+            assert received.accepted == received.handoff.open.request_id
+
+    asyncio.run(run())
+
+
 def test_rows_are_accounted_while_held_and_released_after():
     metrics = DitMetrics(CollectorRegistry())
 
     async def run():
-        async with intake(metrics).receive(chunks_of(complete_handoff(hidden_rows(5))), lambda frame: None) as handoff:
-            assert handoff.streams["cond"].rows.shape == (5, 576)
+        async with intake(metrics).receive(chunks_of(complete_handoff(hidden_rows(5))), lambda frame: None) as received:
+            assert received.handoff.streams["cond"].rows.shape == (5, 576)
             assert gauge(metrics, "handoff_buffer_bytes") == 5 * ROW_BYTES
             assert gauge(metrics, "handoffs_in_flight") == 0  # received; only held now
 

@@ -17,7 +17,7 @@ import pytest
 
 from dit_service.__main__ import intra_op_threads
 from dit_service.settings import DitSettings
-from services.model_card import MODEL_CARD_FILE
+from services.model_card import MODEL_CARD_FILE, PIPELINE_INDEX
 from shared.result_frames import RESERVATION_HEADER, RESERVATIONS_PATH
 from tests.dit_service.handoff_requests import AR_MODEL, complete_handoff, handoff_headers, hidden_rows, post_handoff
 from tests.support.launched_pair import ready
@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def settings_for(model_dir: Path, cpu_threads: int | None, **settings: Any) -> DitSettings:
+    (model_dir / PIPELINE_INDEX).write_text('{"_class_name": "QwenImagePipeline"}')
     (model_dir / MODEL_CARD_FILE).write_text("{}" if cpu_threads is None else f'{{"cpu_threads": {cpu_threads}}}')
     return DitSettings(model_dir=model_dir, **settings)
 

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.slow
 
 
 def renderer_of(model, metrics: DitMetrics | None = None) -> Renderer:
-    return Renderer(model, VaeCodec(model), ImageEncoder(), metrics or DitMetrics(CollectorRegistry()))
+    return Renderer(model, VaeCodec(model.vae), ImageEncoder(), metrics or DitMetrics(CollectorRegistry()))
 
 
 @pytest.fixture(scope="module")

@@ -212,7 +212,7 @@ def test_the_dit_announces_its_familys_recipe_and_the_ar_reads_rows_by_it(pair):
     dit = pair.ar.call(pair.ar.app.state.runtime.readiness.require())[0]
     assert dit.rows == engine.rows and dit.rows is not None
     assert dit.rows.final_norm is False and dit.rows.template is None and dit.rows.conditioning == "every_row"
-    assert dit.hidden_size == engine.row_width == len(pair.family.layers) * engine.text_model.hidden_size
+    assert dit.row_width == engine.row_width == len(pair.family.layers) * engine.text_model.hidden_size
 
 
 @pytest.mark.parametrize("prompt", PROMPTS, ids=["short", "sentence", "past-a-block", "chinese"])

@@ -33,7 +33,7 @@ from dit_service.conditioning import Conditioning, ConditioningAdapter
 from dit_service.settings import DitSettings
 from services.checkpoints import FULL_QWEN_IMAGE_MODEL, default_model_dir
 from services.dtype import cpu_has_native_bf16
-from services.model_card import PUBLISHED_CARDS
+from services.model_card import QWEN_IMAGE
 from shared.handoff_assembler import AssembledHandoff
 from shared.handoff_encoder import HandoffEncoder
 from tests.conftest import HANDOFF_TOKEN, require_checkpoint
@@ -43,7 +43,7 @@ from tests.support.reference_checks import check_pixels, check_rows
 pytestmark = pytest.mark.slow
 
 FOLDER = default_model_dir(FULL_QWEN_IMAGE_MODEL)
-CARD = PUBLISHED_CARDS["QwenImagePipeline"]
+CARD = QWEN_IMAGE
 SIZE, STEPS, SEED = "64x64", 8, 7
 # Sub-block, a sentence, past one 128-token CPU block with the template, and not Latin.
 PROMPTS = [

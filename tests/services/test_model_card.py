@@ -1,5 +1,5 @@
-"""services/model_card.py: what a checkpoint says about itself, how its rows are read from its text encoder, and
-the defaults its authors publish."""
+"""services/model_card.py: one card per diffusers family, as a folder has it: how its rows are read from its text
+encoder, the defaults its authors publish, and what the folder's own ``ardit.json`` replaces."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from services.model_card import MODEL_CARD_FILE, ModelCard
+from services.model_card import CARDS, MODEL_CARD_FILE, PUBLISHED, QWEN_IMAGE, Z_IMAGE, ModelCard
 from shared.row_recipe import QWEN_IMAGE_TEMPLATE, RowRecipe
 
 # What Qwen/Qwen-Image ships in text_encoder/config.json (the fields read here), older and newer transformers.
@@ -21,7 +21,10 @@ FLUX2_KLEIN_TEXT_ENCODER = {"architectures": ["Qwen3ForCausalLM"], "num_hidden_l
 
 
 def checkpoint(
-    tmp_path: Path, card: dict | None = None, text_encoder: dict | None = None, pipeline: str | None = None
+    tmp_path: Path,
+    card: dict | None = None,
+    text_encoder: dict | None = None,
+    pipeline: str | None = "QwenImagePipeline",
 ) -> Path:
     if pipeline is not None:
         (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": pipeline}))
@@ -33,8 +36,38 @@ def checkpoint(
     return tmp_path
 
 
-def test_a_checkpoint_with_neither_card_nor_text_encoder_names_no_layer(tmp_path):
-    assert ModelCard.read(checkpoint(tmp_path)) == ModelCard()
+def unpublished(card: ModelCard) -> ModelCard:
+    return card.model_copy(update=dict.fromkeys(PUBLISHED))
+
+
+def test_a_checkpoint_with_neither_card_nor_text_encoder_has_its_familys_pipeline_and_nothing_published(tmp_path):
+    read = ModelCard.read(checkpoint(tmp_path))
+    assert read == unpublished(QWEN_IMAGE) and read.rows is None and read.edits
+
+
+def test_a_folder_of_a_family_ardit_has_no_card_for_is_refused_naming_the_families_it_serves(tmp_path):
+    with pytest.raises(ValueError, match="a StableDiffusionPipeline pipeline; ardit serves QwenImagePipeline, "):
+        ModelCard.read(checkpoint(tmp_path, pipeline="StableDiffusionPipeline"))
+    with pytest.raises(ValueError, match=r"no model_index\.json names a diffusers pipeline"):
+        ModelCard.read(checkpoint(tmp_path / "no-index", pipeline=None))
+
+
+def test_a_folders_card_may_not_change_its_familys_pipeline(tmp_path):
+    with pytest.raises(ValueError, match=r"ardit.json sets \['batches'\]"):
+        ModelCard.read(checkpoint(tmp_path, card={"batches": False, "default_size": "64x64"}))
+
+
+def test_a_folders_card_without_a_recipe_reads_rows_by_its_familys_where_it_ships_its_text_encoder(tmp_path):
+    folder = checkpoint(
+        tmp_path, card={"default_size": "64x64"}, text_encoder=Z_IMAGE_TEXT_ENCODER, pipeline="ZImagePipeline"
+    )
+    read = ModelCard.read(folder)
+    assert Z_IMAGE.rows is not None and read.rows == Z_IMAGE.rows.resolved(36)
+    assert (read.default_size, read.default_guidance_scale) == ("64x64", None)
+
+
+def test_every_family_is_keyed_by_the_class_name_its_card_gives():
+    assert all(name == card.family == card.pipelines["text_to_image"] for name, card in CARDS.items())
 
 
 def layers(card: ModelCard) -> list[int] | None:
@@ -43,7 +76,9 @@ def layers(card: ModelCard) -> list[int] | None:
 
 def test_a_real_qwen_image_without_a_card_reads_its_text_encoders_last_layer_after_the_norm(tmp_path):
     read = ModelCard.read(checkpoint(tmp_path, text_encoder=QWEN_IMAGE_TEXT_ENCODER))
-    assert read.rows == RowRecipe(layers=[28], final_norm=True, template=QWEN_IMAGE_TEMPLATE, conditioning="qwen_image")
+    assert read.rows == RowRecipe(
+        layers=[28], final_norm=True, template=QWEN_IMAGE_TEMPLATE, drops_template=True, conditioning="qwen_image"
+    )
 
 
 def test_the_layer_count_is_found_in_a_nested_text_config_too(tmp_path):
@@ -79,6 +114,7 @@ def test_z_image_as_published_reads_the_layer_before_the_last_before_the_norm_th
         final_norm=False,
         template=None,
         chat_template_kwargs={"enable_thinking": True},
+        drops_template=False,
         conditioning="every_row",
     )
     assert (read.default_size, read.default_num_inference_steps, read.default_guidance_scale) == ("1024x1024", 9, 0)
@@ -88,7 +124,7 @@ def test_flux2_klein_as_published_reads_three_layers_side_by_side_through_its_ch
     folder = checkpoint(tmp_path, text_encoder=FLUX2_KLEIN_TEXT_ENCODER, pipeline="Flux2KleinPipeline")
     read = ModelCard.read(folder)
     assert read.rows is not None and read.rows.layers == [9, 18, 27] and not read.rows.final_norm
-    assert (read.rows.chat_template_kwargs, read.rows.conditioning) == ({"enable_thinking": False}, "every_row")
+    assert (read.rows.chat_template_kwargs, read.rows.drops_template) == ({"enable_thinking": False}, False)
     assert (read.default_size, read.default_num_inference_steps, read.default_guidance_scale) == ("1024x1024", 4, 1)
 
 
@@ -103,7 +139,7 @@ def test_qwen_image_as_published_is_served_with_its_authors_defaults(tmp_path):
 
 
 def test_a_dit_only_folder_is_not_taken_for_the_published_model(tmp_path):
-    assert ModelCard.read(checkpoint(tmp_path, pipeline="QwenImagePipeline")) == ModelCard()
+    assert ModelCard.read(checkpoint(tmp_path, pipeline="QwenImagePipeline")) == unpublished(QWEN_IMAGE)
 
 
 def test_a_folders_own_card_replaces_the_published_defaults(tmp_path):
