@@ -7,7 +7,7 @@ from shared.capabilities import DiffusionDefaults, DiffusionLimits, DitCapabilit
 DIT = DitCapabilities(
     model="qwen-image-tiny",
     description="a test model",
-    hidden_size=576,
+    row_width=576,
     conditioning=["qwen_image"],
     limits=DiffusionLimits(
         size_multiple=16,
