@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from fastapi import FastAPI
@@ -26,7 +26,7 @@ from ar_service.dit_pool import DitPool
 from ar_service.engine.hidden_state_engine import HiddenStateEngine
 from ar_service.engine_watch import run_engine
 from ar_service.image_generation import ImageGenerator
-from ar_service.image_store import IMAGE_NAME, image_store
+from ar_service.image_store import IMAGE_NAME, ImageStore, image_store
 from ar_service.input_images import EditMemory
 from ar_service.metrics import ArMetrics
 from ar_service.negative_rows import NegativeRows
@@ -78,27 +78,10 @@ def create_ar_app(settings: ArSettings) -> FastAPI:
     generator = ImageGenerator(settings, engine, prompts, dits, metrics, NegativeRows(settings.negative_rows_bytes))
     validator = RequestValidator(settings, prompts, EditMemory(settings.max_edit_memory_bytes))
     serving = ImageServing(settings, readiness, validator, admission, generator, store, metrics, drain)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        await dits.refresh()
-        background = [
-            asyncio.create_task(run_engine(engine, prompts, readiness, metrics, fatal)),
-            asyncio.create_task(dits.keep_resolved(settings.dit_resolve_seconds)),
-        ]
-        try:
-            yield
-        finally:
-            for task in background:
-                task.cancel()
-            await asyncio.gather(*background, return_exceptions=True)
-            await dits.aclose()
-            await store.aclose()
-            await engine.aclose()
-
+    runtime = ArRuntime(settings, engine, prompts, dits, readiness, admission)
     app = create_app(
         "ardit AR service",
-        lifespan=lifespan,
+        lifespan=_lifespan(runtime, metrics, fatal, store),
         readiness=readiness.probe,
         fatal=fatal,
         drain=drain,
@@ -121,10 +104,36 @@ def create_ar_app(settings: ArSettings) -> FastAPI:
             body_timeout=settings.request_body_timeout_seconds,
         ),
     )
-    app.state.runtime = ArRuntime(settings, engine, prompts, dits, readiness, admission)
+    app.state.runtime = runtime
     app.include_router(build_router(serving, settings.sse_keepalive_seconds))
     app.include_router(build_admin_router(admin, engine))
     return app
+
+
+def _lifespan(
+    runtime: ArRuntime, metrics: ArMetrics, fatal: Fatal, store: ImageStore
+) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
+    """What runs beside the app while it serves: the engine, started and watched, and the DiT names
+    kept resolved; at shutdown both stop and every client the service holds is closed."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await runtime.dits.refresh()
+        background = [
+            asyncio.create_task(run_engine(runtime.engine, runtime.prompts, runtime.readiness, metrics, fatal)),
+            asyncio.create_task(runtime.dits.keep_resolved(runtime.settings.dit_resolve_seconds)),
+        ]
+        try:
+            yield
+        finally:
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+            await runtime.dits.aclose()
+            await store.aclose()
+            await runtime.engine.aclose()
+
+    return lifespan
 
 
 def _door(
