@@ -36,6 +36,7 @@ from services.tracing import current_traceparent, otlp_traces_endpoint
 if TYPE_CHECKING:
     from vllm import RequestOutput
     from vllm.config import VllmConfig
+    from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.inputs import TokensPrompt
     from vllm.v1.engine.async_llm import AsyncLLM
     from vllm.v1.engine.output_processor import RequestOutputCollector
@@ -123,14 +124,40 @@ class HiddenStateEngine:
         return self._running()
 
     def start(self) -> None:
-        from vllm.config import CompilationConfig, CompilationMode, KVEventsConfig
-        from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
         s = self.settings
+        args = self._engine_args()
+        started = time.perf_counter()
+        config = args.create_engine_config()
+        if current_platform.is_cpu() and config.parallel_config.world_size == 1:
+            self._run_model_on_core_thread(config)
+        if s.kv_cache_bytes is None:  # sized in tokens once vLLM has chosen the block size
+            self._size_kv_cache_in_tokens(config)
+        # The engine core's start-up is the AR's largest (weights, KV cache): what this process's own start-up
+        # freed goes back first, so that the two do not add up in the peak.
+        collect_free_pages()
+        self._engine = AsyncLLM.from_vllm_config(config, disable_log_stats=False)
+        log.info(
+            "engine up in %.1fs: %s, block size %d, prefix caching %s, capture %s (layers %s, final norm %s)",
+            time.perf_counter() - started,
+            s.model_dir.name,
+            self.block_size,
+            s.enable_prefix_caching,
+            s.capture_hidden_states,
+            self.rows.layers,
+            self.rows.final_norm,
+        )
+
+    def _engine_args(self) -> AsyncEngineArgs:
+        """vLLM's engine arguments for the model and the settings, capture's included when it is on."""
+        from vllm.config import CompilationConfig, CompilationMode, KVEventsConfig
+        from vllm.engine.arg_utils import AsyncEngineArgs
+
+        s = self.settings
         extra = self._capture_config() if s.capture_hidden_states else {}
-        args = AsyncEngineArgs(
+        return AsyncEngineArgs(
             **self.text_model.engine_args(),
             dtype=s.engine_dtype,
             seed=s.seed,
@@ -157,38 +184,25 @@ class HiddenStateEngine:
             otlp_traces_endpoint=otlp_traces_endpoint(),
             **extra,
         )
-        started = time.perf_counter()
-        config = args.create_engine_config()
-        if current_platform.is_cpu() and config.parallel_config.world_size == 1:
-            # vLLM's CPU platform swaps the in-process executor for its multiprocess one whenever the engine
-            # core has a process of its own, as under AsyncLLM it always does. The model would then run in a
-            # third process that imports torch and vLLM again and, for a second after every step, spins on the
-            # shared-memory queue that feeds it, on a core the DiT needs (what it cost in memory and images:
-            # benchmarks/results/memory_table.md). Here it runs on the engine
-            # core's own thread, as vLLM runs it at one GPU. What is given up is vLLM's pinning of the
-            # model's OpenMP threads to cores (VLLM_CPU_OMP_THREADS_BIND); OMP_NUM_THREADS still applies.
-            config.parallel_config.distributed_executor_backend = "uni"
-            # vLLM's CPU worker, less a copy of the vocabulary matrix serving never uses (cpu_worker).
-            config.parallel_config.worker_cls = CPU_WORKER_CLASS
-            self._core_returns_pages = True
-        if s.kv_cache_bytes is None:  # sized in tokens once vLLM has chosen the block size
-            cache = config.cache_config
-            per_token = _kv_bytes_per_token(config, self.dtype, len(self.rows.layers))
-            cache.kv_cache_memory_bytes = s.kv_cache_tokens(cache.block_size) * per_token
-        # The engine core's start-up is the AR's largest (weights, KV cache): what this process's own start-up
-        # freed goes back first, so that the two do not add up in the peak.
-        collect_free_pages()
-        self._engine = AsyncLLM.from_vllm_config(config, disable_log_stats=False)
-        log.info(
-            "engine up in %.1fs: %s, block size %d, prefix caching %s, capture %s (layers %s, final norm %s)",
-            time.perf_counter() - started,
-            s.model_dir.name,
-            self.block_size,
-            s.enable_prefix_caching,
-            s.capture_hidden_states,
-            self.rows.layers,
-            self.rows.final_norm,
-        )
+
+    def _run_model_on_core_thread(self, config: VllmConfig) -> None:
+        """On CPU, the model runs on the engine core's own thread, as vLLM runs it at one GPU."""
+        # vLLM's CPU platform swaps the in-process executor for its multiprocess one whenever the engine
+        # core has a process of its own, as under AsyncLLM it always does. The model would then run in a
+        # third process that imports torch and vLLM again and, for a second after every step, spins on the
+        # shared-memory queue that feeds it, on a core the DiT needs (what it cost in memory and images:
+        # benchmarks/results/memory_table.md). What is given up is vLLM's pinning of the
+        # model's OpenMP threads to cores (VLLM_CPU_OMP_THREADS_BIND); OMP_NUM_THREADS still applies.
+        config.parallel_config.distributed_executor_backend = "uni"
+        # vLLM's CPU worker, less a copy of the vocabulary matrix serving never uses (cpu_worker).
+        config.parallel_config.worker_cls = CPU_WORKER_CLASS
+        self._core_returns_pages = True
+
+    def _size_kv_cache_in_tokens(self, config: VllmConfig) -> None:
+        """The KV cache the settings ask for in tokens, set in the bytes vLLM sizes it by."""
+        cache = config.cache_config
+        per_token = _kv_bytes_per_token(config, self.dtype, len(self.rows.layers))
+        cache.kv_cache_memory_bytes = self.settings.kv_cache_tokens(cache.block_size) * per_token
 
     def _capture_config(self) -> dict[str, Any]:
         """The engine arguments that turn capture on, and the channel the rows will arrive on."""
