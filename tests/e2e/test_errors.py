@@ -16,13 +16,6 @@ from tests.support.ports import free_port
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def client(stack) -> OpenAI:
-    return OpenAI(
-        base_url=stack.api_base, api_key=API_KEY, max_retries=0, timeout=120, _strict_response_validation=True
-    )
-
-
 def error_body(response: httpx.Response) -> dict:
     body = response.json()
     assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}

@@ -27,7 +27,6 @@ import pytest
 import torch
 from diffusers import AutoencoderKLQwenImage
 from diffusers.image_processor import VaeImageProcessor
-from openai import OpenAI
 from PIL import Image
 
 from ar_service.api.edit_form import MAX_IMAGES
@@ -41,13 +40,6 @@ SIZE = 64
 # Pixel levels (0-255) the service's strength-0 answer may differ from diffusers' own VAE round trip.
 ROUND_TRIP_TOLERANCE = 1
 SQUARE = (16, 16, 48, 48)  # the masked (repainted) region
-
-
-@pytest.fixture(scope="module")
-def client(stack) -> OpenAI:
-    return OpenAI(
-        base_url=stack.api_base, api_key=API_KEY, max_retries=0, timeout=300, _strict_response_validation=True
-    )
 
 
 def gradient() -> np.ndarray:

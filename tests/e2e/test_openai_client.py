@@ -24,13 +24,6 @@ FAST = {"num_inference_steps": 2}
 LONG_PROMPT = ", ".join(["a quiet harbour at dawn with fishing boats and gulls"] * 14)
 
 
-@pytest.fixture(scope="module")
-def client(stack) -> OpenAI:
-    return OpenAI(
-        base_url=stack.api_base, api_key=API_KEY, max_retries=0, timeout=300, _strict_response_validation=True
-    )
-
-
 def png(b64: str) -> Image.Image:
     image = Image.open(io.BytesIO(base64.b64decode(b64)))
     image.load()

@@ -35,7 +35,8 @@ def app() -> FastAPI:
 
 
 @pytest.fixture(scope="module")
-def client() -> OpenAI:
+def form_echo() -> OpenAI:
+    """The official client, talking to an app that answers with the edit form as it parsed it."""
     return OpenAI(base_url="http://testserver/v1", api_key="k", http_client=TestClient(app()), max_retries=0)
 
 
@@ -63,9 +64,9 @@ def refused(client: OpenAI, **kwargs: Any) -> dict[str, Any]:
     return error
 
 
-def test_every_field_arrives_typed(client):
+def test_every_field_arrives_typed(form_echo):
     body = parsed(
-        client,
+        form_echo,
         n=2,
         size="64x32",
         quality="high",
@@ -120,9 +121,9 @@ def test_every_field_arrives_typed(client):
     }
 
 
-def test_one_image_or_a_list_and_a_mask(client):
-    assert parsed(client)["images"] == [["a.png", "\x89PNG image bytes"]]
-    listed = parsed(client, image=[PNG, ("b.png", b"second", "image/png")], mask=("m.png", b"mask", "image/png"))
+def test_one_image_or_a_list_and_a_mask(form_echo):
+    assert parsed(form_echo)["images"] == [["a.png", "\x89PNG image bytes"]]
+    listed = parsed(form_echo, image=[PNG, ("b.png", b"second", "image/png")], mask=("m.png", b"mask", "image/png"))
     assert listed["images"] == [["a.png", "\x89PNG image bytes"], ["b.png", "second"]]
     assert listed["mask"] == "mask"
 
@@ -150,13 +151,13 @@ def test_one_image_or_a_list_and_a_mask(client):
         ({"mask": ("m.png", b"x" * ((4 << 20) + 1), "image/png")}, "mask", "image_too_large"),
     ],
 )
-def test_bad_fields_are_400s_naming_them(client, fields, param, code):
-    error = refused(client, **fields)
+def test_bad_fields_are_400s_naming_them(form_echo, fields, param, code):
+    error = refused(form_echo, **fields)
     assert (error["param"], error["code"]) == (param, code)
 
 
-def test_an_unknown_parameter_gets_openais_message(client):
-    assert refused(client, extra_body={"colour": "red"})["message"] == "Unknown parameter: 'colour'."
+def test_an_unknown_parameter_gets_openais_message(form_echo):
+    assert refused(form_echo, extra_body={"colour": "red"})["message"] == "Unknown parameter: 'colour'."
 
 
 def test_an_edit_without_an_image_is_refused():
