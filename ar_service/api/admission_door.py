@@ -1,25 +1,20 @@
 """The image routes' door: the AR's outermost ASGI layer, where every image request takes its admission place
 as it arrives, before any other layer, routing or body parsing runs for it.
 
-A request the line has no room for is answered 429 here, with ``Retry-After`` and a request id: no span,
-routing, body parsing, validation or tokenizing, so a burst of hundreds is answered fast
-(``benchmarks/door_burst.py`` times it). It is plain ASGI, so it works under any ASGI server and in process,
-and it is the one entrance: every image request that reaches serving holds the place it took here. A request
-that arrives before the pair is known to be ready waits for the readiness probe here and is answered 503
-``not_ready`` if the pair is not; serving never admits.
+- A request the line has no room for is answered 429 here, with ``Retry-After`` and a request id, counted
+  (``http_requests``, ``api_errors``) and logged together with the others refused within a second; a client that
+  sent ``Expect: 100-continue`` is refused with ``Connection: close``.
+- A request that arrives before the pair is known to be ready waits for the readiness probe here, and is answered
+  503 ``not_ready`` if the pair is not. Serving never admits.
+- A burst is answered before the work it admits: an admitted request goes on once ``QUIET_PASSES`` loop passes in
+  a row brought no image request to the door, or once ``BURST_ARRIVALS`` image requests reached it after its own;
+  admitted requests go on one at a time, each after a pass.
+- What the door cannot decide alone (a request without a valid API key, one that arrives while the service
+  drains, one on the internal port) goes on to the layers behind, which answer it (401, 503, 404).
+- An admitted request's place travels in its ASGI state (``take_place``); from then serving owns it. A request
+  that never reaches serving gives its place back when its ASGI call ends.
 
-The work of the requests a burst admits waits until the burst is read (``BURST_QUIET_SECONDS``), and
-admitted requests go on one at a time, each after a pass of the event loop, so a refusal waits behind at
-most one admitted request's parsing, however a burst's bytes arrive. The door counts its refusals
-(``http_requests`` and ``api_errors``, as the layers behind would have) and logs them together, at most one
-line a second: in a burst, a line per refusal cost as much as the refusal itself. A client that sent
-``Expect: 100-continue`` is refused with ``Connection: close``: its body never comes.
-
-The door decides only what it can decide alone: a request without a valid API key, one that arrives while
-the service drains, or one on the internal port goes on, and the layers behind answer it (401, 503, 404).
-
-An admitted request's place travels in its ASGI state (``take_place``); from then serving owns it. A request
-that never reaches serving (a body that does not parse, say) gives its place back when its ASGI call ends.
+Why these rules, and what they cost: docs/api.md ("Admission").
 """
 
 from __future__ import annotations
@@ -50,11 +45,14 @@ _PLACE = "admission_place"
 
 # How often a stream of refusals is logged (one line for all of them).
 REFUSAL_LOG_SECONDS = 1.0
-# A burst is answered before the work it admits: an admitted request's work waits until no image request has
-# reached the door for BURST_QUIET_SECONDS, and BURST_HOLD_SECONDS at most, so a flood that never pauses
-# still lets admitted work through, one request per hold.
-BURST_QUIET_SECONDS = 0.001
-BURST_HOLD_SECONDS = 0.01
+# Loop passes in a row without an image request at the door after which admitted work goes on: more than the
+# passes between a request's bytes reaching the server and its door (the read, then its task; before the read, a
+# pipelined request's connection resumes reading). Passes, not seconds: a busy machine's pause between two passes
+# brings no arrival that a pass would not.
+QUIET_PASSES = 4
+# Image requests after an admitted one past which its work goes on however the door is: a burst this long is
+# answered first, a flood that never pauses still lets admitted work through.
+BURST_ARRIVALS = 1024
 
 
 class AdmissionDoor:
@@ -82,7 +80,6 @@ class AdmissionDoor:
         self._internal_port = internal_port
         self._one_at_a_time = asyncio.Lock()
         self._arrivals = 0  # image requests the door decided on
-        self._last_arrival = float("-inf")
         self._refused_unlogged = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -99,11 +96,9 @@ class AdmissionDoor:
         arrival, state = self._arrivals, scope.setdefault("state", {})
         state[_PLACE] = entered
         try:
-            # Refusals are answered as their requests arrive. Admitted requests go on to their work one at a
-            # time, each after a pass, and after the burst it came in (or a hold).
+            # Refusals are answered as their requests arrive; admitted work waits for its burst to be answered.
             async with self._one_at_a_time:
-                await asyncio.sleep(0)
-                await self._burst_read(arrival)
+                await self._burst_answered(arrival)
             await self.app(scope, receive, send)
         finally:
             if state.pop(_PLACE, None) is entered:
@@ -132,23 +127,20 @@ class AdmissionDoor:
 
     def _entered(self, dits: DitCapabilities, capacity: int) -> AdmissionPlace | ApiError:
         self._arrivals += 1
-        self._last_arrival = time.monotonic()
         try:
             unread = self._admission.unread_load(Load.of(dits.default_params()))
             return self._admission.enter(capacity, unread, dits.pace)
         except ApiError as refused:
             return refused
 
-    async def _burst_read(self, arrival: int) -> None:
-        """Returns once no image request has arrived for ``BURST_QUIET_SECONDS`` after ``arrival``, or after
-        ``BURST_HOLD_SECONDS``; at once for a request nobody came after."""
-        held_until = time.monotonic() + BURST_HOLD_SECONDS
-        while self._arrivals > arrival:
-            now = time.monotonic()
-            quiet_at = self._last_arrival + BURST_QUIET_SECONDS
-            if now >= quiet_at or now >= held_until:
-                return
-            await asyncio.sleep(min(quiet_at, held_until) - now)
+    async def _burst_answered(self, arrival: int) -> None:
+        """Returns after ``QUIET_PASSES`` loop passes in a row that brought no image request to the door, or once
+        ``BURST_ARRIVALS`` of them came after ``arrival``, the request's own number."""
+        quiet, seen = 0, self._arrivals
+        while quiet < QUIET_PASSES and self._arrivals - arrival < BURST_ARRIVALS:
+            await asyncio.sleep(0)
+            quiet = quiet + 1 if self._arrivals == seen else 0
+            seen = self._arrivals
 
     async def _refuse(self, refused: ApiError, scope: Scope, send: Send, started: float) -> None:
         """``refused`` as the whole answer; the request's body, if any, is left for the server to drop."""
