@@ -137,7 +137,9 @@ class DitSettings(BaseSettings):
         None, description="Steps when a request names neither steps nor quality (None: the model card's, else 8)."
     )
     default_guidance_scale: Annotated[float, Field(ge=0)] | None = Field(
-        None, description="guidance_scale when a request gives none (None: the model card's, else 1.0); > 1 is CFG."
+        None,
+        description="guidance_scale when a request gives none (None: the model card's, else 1.0); CFG above the "
+        "family's cfg_above (Qwen-Image: 1, Z-Image: 0).",
     )
 
     # --- diffusion limits (announced to the AR, enforced on every open frame) ---------------------

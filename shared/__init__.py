@@ -5,8 +5,10 @@
   API, the AR and the DiT share about it (seed bound, size pattern, output formats, previews).
 - ``capabilities``: what a DiT announces (limits, defaults, capacity) and the one check of a
   request against its limits.
-- ``frames``, ``frame_codec``, ``tensor_codec``, ``checksum``: the frames, their bytes (raw tensor
-  memory, scatter/gather), and their integrity.
+- ``row_recipe``: how rows are read from the text encoder (layers, final norm, template, which rows),
+  and the one comparison of two recipes.
+- ``frames``, ``frame_types``, ``frame_codec``, ``tensor_codec``, ``checksum``: the frames (and the base
+  every wire model shares), their bytes (raw tensor memory, scatter/gather), and their integrity.
 - ``handoff_encoder`` (sender), ``handoff_assembler`` (receiver), ``row_buffer_pool``; ``result_frames``:
   the DiT's answer on the same exchange; ``errors``: every typed way a handoff can be wrong.
 

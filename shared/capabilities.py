@@ -86,7 +86,7 @@ class DiffusionLimits(WireModel):
     sizes: Annotated[list[Size] | None, _in_all_that_list] = None
     # Previews a request may ask for (0 where the service cannot decode the family's latents: FLUX.2 [klein]'s),
     # and whether it edits images (False where the family's pipeline decodes its own pictures: Z-Image's, FLUX.2
-    # [klein]'s); ``dit_service.families``. A DiT that predates them does both.
+    # [klein]'s); as its model card says. A DiT that predates them does both.
     max_partial_images: Annotated[NonNegInt, TIGHTEST_MAX] = MAX_PARTIAL_IMAGES
     edits: Annotated[bool, _every] = True
 

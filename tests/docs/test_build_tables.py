@@ -25,9 +25,9 @@ def test_fields_openai_does_not_have_are_marked_as_ardits_own():
     assert "| `seed` *(ardit)* |" in table and "| `prompt` |" in table and "| `size` |" in table
 
 
-def test_the_readme_is_a_map_of_at_most_250_lines_whose_links_resolve():
+def test_the_readme_is_a_map_of_at_most_130_lines_whose_links_resolve():
     text = README.read_text()
-    assert len(text.splitlines()) <= 250
+    assert len(text.splitlines()) <= 130
     assert "make run" in text and "make test" in text
     links = [link for link in re.findall(r"\]\(([^)#]+)", text) if not link.startswith("http")]
     assert links and all((build_tables.ROOT / link).exists() for link in links), links
