@@ -1,41 +1,24 @@
-"""Admission of image requests against the capacity of the whole AR+DiT pair, decided at arrival, priced
-by the work each request asks for.
+"""Admission of image requests against the capacity of the whole AR+DiT pair: decided at arrival, priced by the
+work each request asks. Why these rules: docs/api.md ("Admission").
 
-A request is admitted once, here, before any engine work. At most ``capacity`` requests are in
-flight, where ``capacity`` is what the DiTs announced they hold (``DitCapacity.max_outstanding``):
-the AR never prefills a request the DiTs have no room for. A request beyond that waits in line,
-first come first served.
-
-Each request is priced by what it asks (its ``Load``: one request, the megapixels of its images, its
-denoising work) at the pair's pace (``Pace``: seconds for each of those). A request's wait before its
-render starts is what everything admitted before it and not yet finished (in flight, and in line) costs
-at that pace: it is admitted if that fits ``max_wait``, and refused with 429 at once otherwise, with
-``Retry-After`` the time until it would fit. So a request admitted is served within the promise, however
-heavy the requests ahead of it, and one that is not waits for nothing. A request admitted to the line leaves
-it only to start, or when its client leaves.
-
-The DiTs measure the pace's parts in their warm-up (``DitCapabilities.pace``): that prices a fresh pair's
-first burst by what it costs. The pair's own pace is measured as it completes requests: the time between
-completions over the last ``_WINDOW`` of them, preferring those that ended while others waited in line (the
-rate at which a line moves), against what the warm-up pace says they cost; the warm-up pace scaled by that
-ratio is the pace. The scale is what one render alone on an idle DiT cannot tell (the AR's engine, batches,
-a busy machine); the split is what a window of requests all of one size cannot. A DiT that announces no pace
-leaves the split to the work alone, and the pace unknown until a completion: then one round of ``capacity``
-requests may wait, the rest are refused.
-
-A request takes its place at arrival, before its body is parsed (``AdmissionDoor``), priced as the DiTs' default
-request, or as the requests read lately asked on average where that is lighter (``unread_load``: a model's default
-can be many times what its users ask, and a burst of small requests priced at it would be refused at the door for
-work nobody asked for); once validated, serving prices it as what it really asks (``AdmissionPlace.price``), which is
-what the requests after it are priced against. Requests of a burst all arrive before the first is priced, so
-each is checked again when it is: if the requests before it, at their real prices, would hold its render past
-``max_wait``, it is refused then (429, before any work), not admitted past the promise. With API keys, one
-key's requests in flight and in line, itself included, may hold at most ``max_key_wait`` of work at that pace
-(its share; one request a key may always have, however heavy): past that, that key's request is refused when
-priced, so a key that floods the line delays another key's request by at most its share (FIFO is kept: a fair
-queue that let newcomers pass would break the promise made to those already admitted). Its place then travels
-with the request to serving, which waits for its turn (``AdmissionPlace.turn``); a place given up before its
-turn lets the line move on.
+- At most ``capacity`` requests are in flight (what the DiTs announced they hold); beyond that a request waits in
+  line, at most ``max_queued`` of them.
+- A request's wait is the work admitted before it and not finished, in flight and in line, at the pair's pace
+  (``Pace``: seconds a request, a megapixel and a unit of denoising cost). A request whose wait would pass
+  ``max_wait`` is refused at once (429, ``Retry-After`` the time until it would fit). A request admitted is served:
+  it leaves the line only to start, or when its client leaves.
+- A request is priced at arrival as an unread one (``unread_load``), and again once its body is read
+  (``AdmissionPlace.price``): its wait is then the requests admitted before it and not finished, at what they ask,
+  and those that passed it in line; past ``max_wait`` it is refused then.
+- With API keys, one key's requests in flight and in line may hold at most ``max_key_wait`` of work at the pace
+  (one request a key may always have); past it the key's request is refused when priced.
+- Keys take turns in line, first come first served within a key: when a slot frees, the key that started a
+  request least lately starts its oldest, if it passes only priced requests, is priced itself, and each request in
+  line it passes can take its price within ``max_wait`` (it is added to their waits); else the next key's oldest,
+  and so on. The oldest request in line passes nobody. Without keys the line is first come first served.
+- The pace is the DiTs' announced split (``DitCapabilities.pace``) scaled to the time between completions over the
+  last ``_WINDOW``, those that ended while requests waited in line first. Without an announced split all of a
+  request's time is its work, and until a completion one round of ``capacity`` requests may wait.
 
 Everything runs on the event loop thread, so plain counters and futures are enough.
 """
@@ -43,9 +26,11 @@ Everything runs on the event loop thread, so plain counters and futures are enou
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import time
 from collections import deque
+from collections.abc import Iterable, Iterator
 
 from ar_service.metrics import ArMetrics
 from services.errors import Overloaded
@@ -78,11 +63,16 @@ class AdmissionPlace:
     """A request's place, taken at arrival: a slot already, or a turn in line. ``turn`` gives the slot
     as a ticket (waiting for it if needed); ``leave`` gives the place up, once, if the ticket was not taken."""
 
-    def __init__(self, admission: RequestAdmission, turn: asyncio.Future[None], load: Load) -> None:
+    def __init__(
+        self, admission: RequestAdmission, turn: asyncio.Future[None], load: Load, ahead: Load, tenant: str | None
+    ) -> None:
         self._admission = admission
         self._turn = turn
         self.load = load
-        self.tenant: str | None = None  # whose API key, once priced
+        self.tenant = tenant  # whose API key (None without keys)
+        self.priced = False  # its load is what it asks, not a guess
+        self.ahead = ahead  # what its render waits for: its wait at the pace
+        self.passed_by = Load()  # the requests that started before it from behind it in line
         self.counted = False  # in the admission's load ahead of later arrivals
         self._entered_at = time.monotonic()
         self._settled = False
@@ -102,8 +92,8 @@ class AdmissionPlace:
 
     def price(self, load: Load, tenant: str | None = None) -> None:
         """What the request really asks, once known, and whose key sent it: the requests after it are priced
-        against it. ``Overloaded`` when the requests before it, at their prices, would hold its render past the
-        wait promised, or its key's requests, with it, would hold more than the key's share."""
+        against it. ``Overloaded`` when the requests before it at their prices, and those that passed it, would
+        hold its render past the wait promised, or its key's requests, with it, would hold more than its share."""
         self._admission.repriced(self, load, tenant)
 
     async def turn(self) -> AdmissionTicket:
@@ -141,30 +131,30 @@ class RequestAdmission:
         self._busy_since: float | None = None
         self._last_completion = float("-inf")
         self._read: deque[Load] = deque(maxlen=_WINDOW)  # what the requests priced lately asked
+        self._starts = 0  # requests started so far
+        self._last_start: dict[str | None, int] = {}  # by key: the number of its last start
 
     @property
     def in_flight(self) -> int:
         return self._running
 
-    def enter(self, capacity: int, load: Load, announced_pace: Pace | None = None) -> AdmissionPlace:
+    def enter(
+        self, capacity: int, load: Load, announced_pace: Pace | None = None, tenant: str | None = None
+    ) -> AdmissionPlace:
         """A slot among ``capacity`` now, or a place in line, for a request priced at ``load`` until it is
         priced again; ``Overloaded`` (429) at once when the line is full or the wait would be longer than
-        ``max_wait``. ``announced_pace``: the DiTs' own, from their warm-up."""
+        ``max_wait``. ``announced_pace``: the DiTs' own, from their warm-up; ``tenant``: whose API key sent it."""
         self._capacity = capacity
         if announced_pace is not None:
             self._announced = announced_pace
         if self._waiting and self._running < capacity:
             self._start_waiting()  # the DiTs announced more room since the last request
-        wait = self.estimated_wait()
-        if wait is not None and wait > self._max_wait:
-            # A refusal is decided before anything is made for it: in a burst, most arrivals end here.
-            raise self._refuse(
-                f"the wait would be about {wait:.0f} s, over {self._max_wait:g} s", wait - self._max_wait
-            )
+        # A refusal is decided before anything is made for it: in a burst, most arrivals end here.
+        wait = self._within_wait(self.estimated_wait())
         if self._running < capacity and not self._waiting:
             started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             started.set_result(None)
-            place = AdmissionPlace(self, started, load)
+            place = AdmissionPlace(self, started, load, self._ahead, tenant)
             self._start(place)
             return place
         ahead = len(self._waiting)
@@ -172,7 +162,7 @@ class RequestAdmission:
             raise self._refuse(f"the queue is full ({self._max_queued} requests wait)", _over(wait, self._max_wait))
         if wait is None and ahead >= capacity:
             raise self._refuse("the pace of this service is not measured yet; one round may wait", None)
-        place = AdmissionPlace(self, asyncio.get_running_loop().create_future(), load)
+        place = AdmissionPlace(self, asyncio.get_running_loop().create_future(), load, self._ahead, tenant)
         self._waiting.append(place)
         self._count(place)
         self._metrics.requests_queued.set(len(self._waiting))
@@ -214,8 +204,7 @@ class RequestAdmission:
     def repriced(self, place: AdmissionPlace, load: Load, tenant: str | None = None) -> None:
         if place.counted:
             self._ahead += load - place.load
-        place.load = load
-        place.tenant = tenant
+        place.load, place.tenant, place.priced = load, tenant, True
         self._read.append(load)
         pace = self.pace
         if pace is None or not place.counted:
@@ -230,11 +219,8 @@ class RequestAdmission:
                 before += other.load
             if tenant is not None and other.tenant == tenant:
                 own += other.load  # before or after it: whichever order the bodies arrived in
-        wait = pace.seconds(before)
-        if wait > self._max_wait:
-            raise self._refuse(
-                f"the wait would be about {wait:.0f} s, over {self._max_wait:g} s", wait - self._max_wait
-            )
+        place.ahead = before + place.passed_by
+        self._within_wait(pace.seconds(place.ahead))
         own_wait = pace.seconds(own + load)
         if tenant is not None and self._max_key_wait is not None and own.requests and own_wait > self._max_key_wait:
             raise self._refuse(
@@ -295,6 +281,8 @@ class RequestAdmission:
             self._ahead = Load()  # no drift from float sums once nothing is ahead
 
     def _start(self, place: AdmissionPlace) -> None:
+        self._starts += 1
+        self._last_start[place.tenant] = self._starts
         self._running += 1
         self._count(place)
         if self._busy_since is None:
@@ -303,12 +291,46 @@ class RequestAdmission:
 
     def _start_waiting(self) -> None:
         while self._waiting and self._running < self._capacity:
-            place = self._waiting.popleft()
+            place = self._next_turn()
+            for passed in _before(place, self._waiting):
+                passed.ahead += place.load
+                passed.passed_by += place.load
+            self._waiting.remove(place)
             if place.in_line:
                 self._start(place)
                 place.start()
         self._metrics.requests_in_flight.set(self._running)
         self._metrics.requests_queued.set(len(self._waiting))
+
+    def _next_turn(self) -> AdmissionPlace:
+        """The place in line whose turn it is: of each key's oldest, the first that may pass the places before it,
+        keys in the order they last started one (one that has not, first)."""
+        oldest: dict[str | None, AdmissionPlace] = {}
+        for place in self._waiting:
+            oldest.setdefault(place.tenant, place)
+        for place in sorted(oldest.values(), key=lambda place: self._last_start.get(place.tenant, 0)):
+            if self._may_pass(place):
+                return place
+        return self._waiting[0]
+
+    def _may_pass(self, place: AdmissionPlace) -> bool:
+        """Whether ``place`` may start before the places in line that arrived before it: all of them priced, as it
+        is, and each able to take its price within ``max_wait``."""
+        before = list(_before(place, self._waiting))
+        if not before:
+            return True
+        pace = self.pace
+        if pace is None or not all(other.priced for other in (place, *before)):
+            return False
+        return all(pace.seconds(other.ahead + place.load) <= self._max_wait for other in before)
+
+    def _within_wait(self, wait: float | None) -> float | None:
+        """``wait`` (None: the pace is unknown), unless it is past ``max_wait``: then ``Overloaded``."""
+        if wait is not None and wait > self._max_wait:
+            raise self._refuse(
+                f"the wait would be about {wait:.0f} s, over {self._max_wait:g} s", wait - self._max_wait
+            )
+        return wait
 
     def _refuse(self, why: str, over: float | None) -> Overloaded:
         """``over``: seconds of work past the bound, the time until there would be room (None: unknown)."""
@@ -318,6 +340,11 @@ class RequestAdmission:
             code="rate_limit_exceeded",
             retry_after=math.ceil(retry_after),
         )
+
+
+def _before(place: AdmissionPlace, line: Iterable[AdmissionPlace]) -> Iterator[AdmissionPlace]:
+    """The places in ``line`` before ``place``."""
+    return itertools.takewhile(lambda other: other is not place, line)
 
 
 def _over(wait: float | None, bound: float) -> float | None:

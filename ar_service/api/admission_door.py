@@ -83,13 +83,14 @@ class AdmissionDoor:
         self._refused_unlogged = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if not self._decides(scope):
+        decides, tenant = self._decides(scope)
+        if not decides:
             await self.app(scope, receive, send)
             return
         started = time.monotonic()
-        entered = self.enter(scope)
+        entered = self.enter(tenant)
         if entered is None:  # the pair is not known to be ready: ask, once for all who arrive meanwhile
-            entered = await self._enter_once_ready()
+            entered = await self._enter_once_ready(tenant)
         if isinstance(entered, ApiError):
             await self._refuse(entered, scope, send, started)
             return
@@ -109,27 +110,27 @@ class AdmissionDoor:
         """Image requests the door has decided on so far; the last one's number."""
         return self._arrivals
 
-    def enter(self, scope: Scope) -> AdmissionPlace | ApiError | None:
-        """The request's place (a slot, or a place in line), priced as the DiTs' default request or, lighter, as
-        recent requests asked (``RequestAdmission.unread_load``) until serving has read what it asks; the refusal
-        when the line has no room for it; None while the pair is not known to be ready."""
+    def enter(self, tenant: str | None) -> AdmissionPlace | ApiError | None:
+        """The place of a request from ``tenant``'s key (a slot, or a place in line), priced as the DiTs' default
+        request or, lighter, as recent requests asked (``RequestAdmission.unread_load``) until serving has read what
+        it asks; the refusal when the line has no room for it; None while the pair is not known to be ready."""
         known = self._readiness.known()
         if known is None:
             return None
-        return self._entered(*known)
+        return self._entered(*known, tenant)
 
-    async def _enter_once_ready(self) -> AdmissionPlace | ApiError:
+    async def _enter_once_ready(self, tenant: str | None) -> AdmissionPlace | ApiError:
         try:
             dits, capacity = await self._readiness.require()
         except ApiError as not_ready:
             return not_ready
-        return self._entered(dits, capacity)
+        return self._entered(dits, capacity, tenant)
 
-    def _entered(self, dits: DitCapabilities, capacity: int) -> AdmissionPlace | ApiError:
+    def _entered(self, dits: DitCapabilities, capacity: int, tenant: str | None) -> AdmissionPlace | ApiError:
         self._arrivals += 1
         try:
             unread = self._admission.unread_load(Load.of(dits.default_params()))
-            return self._admission.enter(capacity, unread, dits.pace)
+            return self._admission.enter(capacity, unread, dits.pace, tenant)
         except ApiError as refused:
             return refused
 
@@ -156,14 +157,20 @@ class AdmissionDoor:
         self._metrics.observe_response(scope["path"], scope["method"], str(refused.status), time.monotonic() - started)
         self._log_refusal(refused)
 
-    def _decides(self, scope: Scope) -> bool:
+    def _decides(self, scope: Scope) -> tuple[bool, str | None]:
+        """Whether the door decides on the request, and whose API key sent it (None without keys)."""
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in self._paths:
-            return False
+            return False, None
         server = scope.get("server")
         on_internal_port = self._internal_port is not None and server is not None and server[1] == self._internal_port
         if self._drain.started or on_internal_port:
-            return False
-        return not self._auth.enabled or self._auth.accepts(header(scope, b"authorization"))
+            return False, None
+        if not self._auth.enabled:
+            return True, None
+        try:
+            return True, self._auth.check(header(scope, b"authorization"))
+        except ApiError:
+            return False, None
 
     def _log_refusal(self, refused: ApiError) -> None:
         if self._refused_unlogged == 0:

@@ -1,16 +1,18 @@
-"""Admission against the pair's capacity, decided at arrival and priced by work: FIFO waiting when the wait
-(the work admitted ahead, at the pace) fits, 429 at once when it does not; an admitted request is served.
+"""Admission against the pair's capacity, decided at arrival and priced by work: a place in line when the wait
+(the work admitted ahead, at the pace) fits, 429 at once when it does not; an admitted request is served. The line
+is first come first served; with API keys, keys take turns in it where every request passed can afford it.
 Requests here are one unit of work each unless a test says otherwise."""
 
 from __future__ import annotations
 
 import asyncio
+import random
 
 import pytest
 from prometheus_client import CollectorRegistry
 
 from ar_service import admission as admission_module
-from ar_service.admission import RequestAdmission
+from ar_service.admission import AdmissionPlace, RequestAdmission
 from ar_service.metrics import ArMetrics
 from services.errors import Overloaded
 from shared.capabilities import Load, Pace
@@ -487,3 +489,135 @@ def test_a_keys_share_counts_its_places_whichever_order_their_bodies_were_priced
         return outcomes
 
     assert asyncio.run(scenario()) == ["admitted"] * 4 + ["refused"] * 2
+
+
+def keyed(max_wait: float = 100.0, max_key_wait: float | None = 100.0) -> RequestAdmission:
+    """An admission with API keys on, whose line holds a hundred requests."""
+    return RequestAdmission(100, max_wait, ArMetrics(CollectorRegistry()), max_key_wait=max_key_wait)
+
+
+def sent(gate: RequestAdmission, key: str, work: float = 1.0, capacity: int = 1) -> AdmissionPlace:
+    """A request of ``work`` units from ``key``'s API key, taken at the door and priced as serving prices it
+    (refused then, it gives its place back)."""
+    place = gate.enter(capacity, units(work), A_UNIT_A_SECOND, key)
+    try:
+        place.price(units(work), key)
+    except Overloaded:
+        place.leave()
+        raise
+    return place
+
+
+# What a unit of work costs, as a DiT announces it: the tests' clock moves by as much for each request served.
+A_UNIT_A_SECOND = Pace(per_request=0.0, per_work=1.0)
+
+
+async def served_in_turn(clock: Clock, places: dict[str, AdmissionPlace]) -> list[str]:
+    """The places, named, served one at a time (a slot of one) until none is left: each takes its work's seconds
+    at a unit a second. The names in the order their requests started."""
+    order: list[str] = []
+    while len(order) < len(places):
+        [(name, place)] = [(name, p) for name, p in places.items() if p.started and name not in order]
+        order.append(name)
+        ticket = await place.turn()
+        await clock.spend(place.load.work)
+        ticket.release(served=True)
+    return order
+
+
+def test_with_keys_another_keys_request_takes_the_next_turn_ahead_of_a_flooding_keys_line(clock: Clock):
+    """Key A's requests hold the slot and four places in line; key B's one request, sent after them all, starts
+    when the slot frees, before A's second: A has started a request since B last did."""
+
+    async def scenario() -> list[str]:
+        gate = keyed()
+        places = {f"a{i}": sent(gate, "a") for i in range(5)}
+        places["b"] = sent(gate, "b")
+        return await served_in_turn(clock, places)
+
+    assert asyncio.run(scenario()) == ["a0", "b", "a1", "a2", "a3", "a4"]
+
+
+def test_with_keys_keys_take_turns_in_line_and_each_keys_requests_keep_their_order(clock: Clock):
+    """A holds the slot and three places in line, then B sends two requests and C one. As the slot frees, each key
+    starts its oldest in turn, the key that started one least lately first: B and C before A's second."""
+
+    async def scenario() -> list[str]:
+        gate = keyed()
+        places = {"a0": sent(gate, "a")}
+        places |= {f"a{i}": sent(gate, "a") for i in range(1, 4)}
+        places |= {f"b{i}": sent(gate, "b") for i in range(2)}
+        places["c0"] = sent(gate, "c")
+        return await served_in_turn(clock, places)
+
+    assert asyncio.run(scenario()) == ["a0", "b0", "c0", "a1", "b1", "a2", "a3"]
+
+
+@pytest.mark.parametrize(("work", "starts_after"), [(5.0, "a0"), (7.0, "a4")])
+def test_a_turn_is_taken_only_where_every_request_passed_still_starts_within_the_wait(
+    clock: Clock, work: float, starts_after: str
+):
+    """The wait is 10 s at a unit a second; A's last request in line waits for 4 s of work ahead of it. B's
+    request of 5 units may pass A's four in line (the last then waits 9 s); one of 7 units would make it wait
+    11 s, so it waits for its turn in arrival order instead, and A's requests all start within their wait."""
+
+    async def scenario() -> list[str]:
+        gate = keyed(max_wait=10.0)
+        places = {f"a{i}": sent(gate, "a") for i in range(5)}
+        places["b"] = sent(gate, "b", work)
+        return await served_in_turn(clock, places)
+
+    order = asyncio.run(scenario())
+    assert order.index("b") == order.index(starts_after) + 1
+
+
+def test_a_request_whose_body_is_not_read_yet_is_not_passed(clock: Clock):
+    """A's second request waits in line priced as the door guessed, its body unread: what its render waits for is
+    not known yet, so B's request, whose turn it is, does not pass it."""
+
+    async def scenario() -> list[str]:
+        gate = keyed()
+        places = {"a0": sent(gate, "a"), "a1 unread": gate.enter(1, units(1.0), A_UNIT_A_SECOND, "a")}
+        places["b"] = sent(gate, "b")
+        return await served_in_turn(clock, places)
+
+    assert asyncio.run(scenario()) == ["a0", "a1 unread", "b"]
+
+
+def test_with_keys_taking_turns_every_request_admitted_starts_within_the_wait(clock: Clock):
+    """Three keys send requests of 1 to 8 units at random moments (a fixed seed), key A ten times as often as the
+    others, to a pair that serves one request at a time at a unit a second. Keys take turns in line, and turns are
+    taken; every request admitted starts within the 30 s promised, counted from its arrival."""
+    chance = random.Random(58)
+    arrivals = sorted((chance.uniform(0, 600), chance.choice("aaaaaaaaaabc"), chance.randint(1, 8)) for _ in range(400))
+
+    async def scenario() -> tuple[list[float], int]:
+        gate = keyed(max_wait=30.0, max_key_wait=20.0)
+        start = clock.now
+        waits, passed = [], 0
+        line: dict[AdmissionPlace, float] = {}  # admitted, not started: when each arrived
+        running: tuple[AdmissionPlace, float] | None = None  # and when it ends
+        while arrivals or line or running:
+            ends = running[1] if running else float("inf")
+            if arrivals and start + arrivals[0][0] < ends:
+                at, key, work = arrivals.pop(0)
+                clock.now = start + at
+                try:
+                    line[sent(gate, key, work)] = clock.now
+                except Overloaded:
+                    continue
+            else:
+                assert running is not None, "requests wait in line while the slot is free"
+                clock.now = ends
+                (await running[0].turn()).release(served=True)
+                running = None
+            for place in [place for place in line if place.started]:
+                arrived = line.pop(place)
+                passed += sum(other < arrived for other in line.values())
+                waits.append(clock.now - arrived)
+                running = (place, clock.now + place.load.work)
+        return waits, passed
+
+    waits, passed = asyncio.run(scenario())
+    assert len(waits) > 100 and passed > 0
+    assert max(waits) <= 30.0

@@ -532,6 +532,16 @@ def test_a_place_the_app_took_is_the_apps_to_turn_into_a_slot():
         assert (in_flight_after_the_request, pair.admission.in_flight) == (1, 0)
 
 
+def test_a_place_taken_at_the_door_is_its_api_keys_from_arrival():
+    """The key's tenant, as the gate behind names it: the line knows whose turn a place waits for before its body is
+    read."""
+    tenant = BearerAuth([KEY], what="API key", missing_code="m", invalid_code="i").check(AUTH["authorization"])
+    with served(max_queued=4, take=True) as pair:
+        assert httpx.post(f"{pair.url}{IMAGES}", json={}, headers=AUTH).status_code == 200
+        place = pair.behind.taken[0]
+        assert place is not None and place.tenant == tenant and not place.priced
+
+
 def test_a_place_is_priced_as_the_default_until_a_request_was_read_then_as_the_requests_read_asked():
     read = Load(1, DEFAULT_LOAD.megapixels / 4, DEFAULT_LOAD.work / 4)  # lighter than the default
     with served(max_queued=4, take=True) as pair:
