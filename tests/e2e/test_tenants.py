@@ -1,10 +1,13 @@
 """Tenants at the defaults (the stack has two API keys): a key that floods the queue gets 429 past its share,
-and another key's single request, sent after the flood, waits behind that share only."""
+and another key's single request, sent after the flood, waits behind that share at most: it takes its turn in line
+before most of the flood's requests waiting there."""
 
 from __future__ import annotations
 
 import concurrent.futures
 import math
+import statistics
+import time
 
 import httpx
 import pytest
@@ -61,6 +64,53 @@ def test_a_flooding_key_cannot_make_another_keys_request_wait_past_its_share(sta
     went = servable(stack.ar.url, stack.dit.url, SIZE, num_inference_steps=STEPS)[1].seconds(load)
     waited = stages(other)
     assert waited["queue"] + waited["dit_queue"] <= share * max(1.0, went / each)
+
+
+# Small renders: a line forms behind the pair's slots within seconds.
+TURN_SIZE, TURN_STEPS = "256x256", 8
+
+
+def test_another_keys_request_takes_its_turn_before_most_of_a_flooding_keys_requests_in_line(stack):
+    """Key A sends as many requests at once as the pair holds in flight and as many again, all within its share;
+    once every one is in flight or in line, key B sends one. B's takes the next turn in line: it is answered before
+    most of A's requests that were waiting in line when it came, where first come first served answered it after
+    all of them."""
+    url = f"{stack.api_base}/images/generations"
+
+    def generate(key: str, seed: int) -> tuple[httpx.Response, float, float]:
+        """The answer, and when the request was sent and its answer came."""
+        body = {
+            "prompt": f"boats take turns {seed}",
+            "seed": seed,
+            "size": TURN_SIZE,
+            "num_inference_steps": TURN_STEPS,
+        }
+        sent = time.monotonic()
+        answer = httpx.post(url, json=body, headers={"authorization": f"Bearer {key}"}, timeout=HANG_GUARD)
+        return answer, sent, time.monotonic()
+
+    assert generate(API_KEY, 0)[0].status_code == 200  # the pace of these, measured
+    capacity = capabilities(stack.dit.url).capacity.max_outstanding
+    most = servable(stack.ar.url, stack.dit.url, TURN_SIZE, keyed=True, num_inference_steps=TURN_STEPS)[0]
+    flood = min(2 * capacity + 1, most)
+    with concurrent.futures.ThreadPoolExecutor(flood + 1) as pool:
+        floods = [pool.submit(generate, API_KEY, seed) for seed in range(1, flood + 1)]
+        wait_for(
+            lambda: sum(f.done() for f in floods) + placed(stack) >= flood,
+            HANG_GUARD,
+            "every one of A's requests in flight or in line",
+        )
+        in_line = sample(stack.ar.url, "ardit_ar_requests_queued")
+        other, other_sent, other_done = pool.submit(generate, OTHER_API_KEY, 0).result()
+        answers = [f.result() for f in floods]
+    assert other.status_code == 200 and [a.status_code for a, _, _ in answers] == [200] * flood
+    answered_after_b = sum(done > other_done for _, _, done in answers)
+    a_median = statistics.median(done - sent for _, sent, done in answers)
+    print(
+        f"key A sent {flood} requests ({in_line:g} in line), then key B one: B answered in "
+        f"{other_done - other_sent:.1f} s, A's median {a_median:.1f} s; {answered_after_b} of A's answered after B"
+    )
+    assert in_line >= 2 and answered_after_b > in_line / 2
 
 
 def placed(stack) -> float:
