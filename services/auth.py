@@ -44,14 +44,6 @@ class BearerAuth:
             raise self._refuse(f"incorrect {self._what} provided", self._invalid_code)
         return self._tenants[matched[0]]
 
-    def accepts(self, authorization: str | None) -> bool:
-        """Whether the header carries one of the tokens: ``check`` for a layer that does not answer."""
-        try:
-            self.check(authorization)
-        except ApiError:
-            return False
-        return True
-
     @staticmethod
     def _refuse(message: str, code: str) -> ApiError:
         return ApiError(401, message, code=code, headers={"WWW-Authenticate": "Bearer"})
