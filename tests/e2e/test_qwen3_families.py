@@ -35,16 +35,12 @@ from diffusers import Flux2KleinPipeline, ZImagePipeline
 from openai import OpenAI
 from PIL import Image
 
-from ar_service.app import create_ar_app
-from ar_service.settings import ArSettings
-from dit_service.app import create_dit_app
 from dit_service.conditioning import Conditioning, ConditioningAdapter
-from dit_service.settings import DitSettings
 from services.checkpoints import FLUX2_KLEIN_MODEL, Z_IMAGE_MODEL, default_model_dir
-from services.dtype import cpu_has_native_bf16
 from services.model_card import ModelCard
 from shared.handoff_assembler import AssembledHandoff
-from tests.conftest import HANDOFF_TOKEN, require_checkpoint
+from tests.conftest import require_checkpoint
+from tests.e2e.conftest import pair_on_folder
 from tests.support.launched_pair import launched_pair
 from tests.support.live_server import LiveServer
 from tests.support.reference_checks import check_pixels, check_rows
@@ -137,26 +133,13 @@ class Pair:
 
 @pytest.fixture(scope="module", params=PAIRS, ids=[f"{name}-{dtype}" for name, dtype in PAIRS])
 def pair(request) -> Iterator[Pair]:
-    """Both services at their defaults on the family's folder; fp32 named, bf16 this machine's own default where the
-    CPU multiplies it natively."""
+    """Both services at their defaults on the family's folder, in each dtype (pair_on_folder), recording what
+    conditions each render."""
     name, dtype_name = request.param
     family = FAMILIES[name]
-    folder = require_checkpoint(family.folder)
-    dtype = None if dtype_name == "bfloat16" and cpu_has_native_bf16() else dtype_name
     recorder = Recorder()
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(ConditioningAdapter, "select", recorder.wrap(ConditioningAdapter.select))
-        dit_settings = DitSettings(model_dir=folder, handoff_token=HANDOFF_TOKEN, dtype=dtype)
-        dit = LiveServer(create_dit_app(dit_settings)).start().wait_ready()
-        settings = ArSettings(model_dir=folder, dit_url=dit.url, handoff_token=HANDOFF_TOKEN, dtype=dtype)
-        ar = LiveServer(create_ar_app(settings)).start().wait_ready()
-        try:
-            assert ar.app.state.runtime.engine.dtype == getattr(torch, dtype_name)
-            client = OpenAI(base_url=f"{ar.url}/v1", api_key="-", max_retries=0)
-            yield Pair(getattr(torch, dtype_name), family, client, recorder, ar)
-        finally:
-            ar.stop()
-            dit.stop()
+    with pair_on_folder(family.folder, dtype_name, recorder.wrap) as (client, ar):
+        yield Pair(getattr(torch, dtype_name), family, client, recorder, ar)
 
 
 @pytest.fixture(scope="module")

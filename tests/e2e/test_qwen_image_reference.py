@@ -26,17 +26,13 @@ from diffusers.pipelines.qwenimage.pipeline_qwenimage import QwenImagePipeline
 from openai import OpenAI
 from PIL import Image
 
-from ar_service.app import create_ar_app
-from ar_service.settings import ArSettings
-from dit_service.app import create_dit_app
 from dit_service.conditioning import Conditioning, ConditioningAdapter
-from dit_service.settings import DitSettings
 from services.checkpoints import FULL_QWEN_IMAGE_MODEL, default_model_dir
-from services.dtype import cpu_has_native_bf16
 from services.model_card import QWEN_IMAGE
 from shared.handoff_assembler import AssembledHandoff
 from shared.handoff_encoder import HandoffEncoder
-from tests.conftest import HANDOFF_TOKEN, require_checkpoint
+from tests.conftest import require_checkpoint
+from tests.e2e.conftest import pair_on_folder
 from tests.support.live_server import LiveServer
 from tests.support.reference_checks import check_pixels, check_rows
 
@@ -110,23 +106,11 @@ class Pair:
 
 @pytest.fixture(scope="module", params=["float32", "bfloat16"])
 def pair(request) -> Iterator[Pair]:
-    """Both services at their defaults on the folder; fp32 named, bf16 this machine's own default where the CPU
-    multiplies it natively."""
-    folder = require_checkpoint(FOLDER)
-    dtype = None if request.param == "bfloat16" and cpu_has_native_bf16() else request.param
+    """Both services at their defaults on the folder, in each dtype (pair_on_folder), recording what conditions
+    each render."""
     recorder = Recorder()
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(ConditioningAdapter, "select", recorder.wrap(ConditioningAdapter.select))
-        dit = LiveServer(create_dit_app(DitSettings(model_dir=folder, handoff_token=HANDOFF_TOKEN, dtype=dtype)))
-        dit.start().wait_ready()
-        settings = ArSettings(model_dir=folder, dit_url=dit.url, handoff_token=HANDOFF_TOKEN, dtype=dtype)
-        ar = LiveServer(create_ar_app(settings)).start().wait_ready()
-        try:
-            assert ar.app.state.runtime.engine.dtype == getattr(torch, request.param)
-            yield Pair(getattr(torch, request.param), OpenAI(base_url=f"{ar.url}/v1", api_key="-"), recorder, ar)
-        finally:
-            ar.stop()
-            dit.stop()
+    with pair_on_folder(FOLDER, request.param, recorder.wrap) as (client, ar):
+        yield Pair(getattr(torch, request.param), client, recorder, ar)
 
 
 @pytest.fixture(scope="module")
