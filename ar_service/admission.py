@@ -217,8 +217,10 @@ class RequestAdmission:
                 continue
             if ahead:
                 before += other.load
-            if tenant is not None and other.tenant == tenant:
-                own += other.load  # before or after it: whichever order the bodies arrived in
+            if tenant is not None and other.tenant == tenant and other.priced:
+                # Before or after it, whichever order the bodies arrived in; not one still unread, priced at a guess:
+                # its own pricing counts it.
+                own += other.load
         place.ahead = before + place.passed_by
         self._within_wait(pace.seconds(place.ahead))
         own_wait = pace.seconds(own + load)

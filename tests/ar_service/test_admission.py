@@ -491,6 +491,30 @@ def test_a_keys_share_counts_its_places_whichever_order_their_bodies_were_priced
     assert asyncio.run(scenario()) == ["admitted"] * 4 + ["refused"] * 2
 
 
+def test_a_keys_share_counts_its_places_at_their_prices_not_its_unread_ones_at_a_guess():
+    """Six requests of a unit each arrive from one key with a 4-unit share, priced at the door at a guess of ten
+    units each (the default request can be many times what users ask): four are admitted as they are priced, as
+    their real prices fit the share whatever the guesses of the unread ones say."""
+
+    async def scenario():
+        gate = RequestAdmission(100, 100.0, ArMetrics(CollectorRegistry()), max_key_wait=4.0)
+        pace = Pace(per_request=0.0, per_work=1.0)
+        places = [gate.enter(1, units(10.0), pace, tenant="a") for _ in range(6)]
+        outcomes = []
+        for place in places:
+            try:
+                place.price(units(1.0), "a")
+                outcomes.append("admitted")
+            except Overloaded:
+                place.leave()
+                outcomes.append("refused")
+        for place in places:
+            place.leave()
+        return outcomes
+
+    assert asyncio.run(scenario()) == ["admitted"] * 4 + ["refused"] * 2
+
+
 def keyed(max_wait: float = 100.0, max_key_wait: float | None = 100.0) -> RequestAdmission:
     """An admission with API keys on, whose line holds a hundred requests."""
     return RequestAdmission(100, max_wait, ArMetrics(CollectorRegistry()), max_key_wait=max_key_wait)
