@@ -471,22 +471,27 @@ def test_a_key_may_always_have_one_request_however_heavy():
     asyncio.run(scenario())
 
 
+def priced_from_key_a(places: list[AdmissionPlace], order: list[AdmissionPlace]) -> list[str]:
+    """Each of ``places`` priced at a unit from key "a", in ``order``: admitted, or refused (and given up); then all
+    given up."""
+    outcomes = []
+    for place in order:
+        try:
+            place.price(units(1.0), "a")
+            outcomes.append("admitted")
+        except Overloaded:
+            place.leave()
+            outcomes.append("refused")
+    for place in places:
+        place.leave()
+    return outcomes
+
+
 def test_a_keys_share_counts_its_places_whichever_order_their_bodies_were_priced_in():
     async def scenario():
         gate = RequestAdmission(100, 100.0, ArMetrics(CollectorRegistry()), max_key_wait=4.0)
-        pace = Pace(per_request=0.0, per_work=1.0)
-        places = [gate.enter(1, units(1.0), pace) for _ in range(6)]
-        outcomes = []
-        for place in reversed(places):  # the last to arrive is the first whose body is read
-            try:
-                place.price(units(1.0), "a")
-                outcomes.append("admitted")
-            except Overloaded:
-                place.leave()
-                outcomes.append("refused")
-        for place in places:
-            place.leave()
-        return outcomes
+        places = [gate.enter(1, units(1.0), Pace(per_request=0.0, per_work=1.0)) for _ in range(6)]
+        return priced_from_key_a(places, places[::-1])  # the last to arrive is the first whose body is read
 
     assert asyncio.run(scenario()) == ["admitted"] * 4 + ["refused"] * 2
 
@@ -498,19 +503,8 @@ def test_a_keys_share_counts_its_places_at_their_prices_not_its_unread_ones_at_a
 
     async def scenario():
         gate = RequestAdmission(100, 100.0, ArMetrics(CollectorRegistry()), max_key_wait=4.0)
-        pace = Pace(per_request=0.0, per_work=1.0)
-        places = [gate.enter(1, units(10.0), pace, tenant="a") for _ in range(6)]
-        outcomes = []
-        for place in places:
-            try:
-                place.price(units(1.0), "a")
-                outcomes.append("admitted")
-            except Overloaded:
-                place.leave()
-                outcomes.append("refused")
-        for place in places:
-            place.leave()
-        return outcomes
+        places = [gate.enter(1, units(10.0), Pace(per_request=0.0, per_work=1.0), tenant="a") for _ in range(6)]
+        return priced_from_key_a(places, places)
 
     assert asyncio.run(scenario()) == ["admitted"] * 4 + ["refused"] * 2
 
