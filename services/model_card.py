@@ -26,12 +26,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from shared.diffusion import STEP_CACHE_METHODS, Size, StepCache, StepCacheMethod
-from shared.row_recipe import RowRecipe
+from shared.row_recipe import QWEN_IMAGE_EDIT_TEMPLATE, RowRecipe
 
 MODEL_CARD_FILE = "ardit.json"
 PIPELINE_INDEX = "model_index.json"
 
-PipelineKind = Literal["text_to_image", "image_to_image", "inpaint"]
+# The kinds of render: from text alone; from one picture noised to a strength (img2img, inpaint); from reference
+# pictures the pipeline encodes itself, each at its own size, beside the rows of an encoder that read them too.
+PipelineKind = Literal["text_to_image", "image_to_image", "inpaint", "reference_edit"]
 # How a family's pipeline takes the rows as ``prompt_embeds``:
 # - "padded_with_mask": [B, L, D] right-padded to the longest, with ``prompt_embeds_mask`` (Qwen-Image);
 # - "list_of_rows": one [L_i, D] tensor of each image's own rows (Z-Image, as its ``encode_prompt`` gives them);
@@ -42,14 +44,50 @@ PromptEmbedsForm = Literal["padded_with_mask", "list_of_rows", "rows"]
 LatentLayout = Literal["qwen_image", "z_image"]
 
 
+class PictureReading(BaseModel):
+    """How a family's pipeline reads the user's pictures (``QwenImageEditPlusPipeline``'s ``__call__``): each picture is
+    resized, at its aspect, to ``condition_area`` for the text encoder's vision tower and to ``vae_area`` for the VAE,
+    sides rounded to ``multiple`` (its ``calculate_dimensions``); the prompt is ``picture_prompt`` once per picture,
+    numbered from 1, then the user's text. ``max_pictures``: the most one request gives, chosen by the memory of a
+    render (docs/models.md)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    condition_area: int = Field(gt=0)
+    vae_area: int = Field(gt=0)
+    multiple: int = Field(gt=0)
+    picture_prompt: str
+    max_pictures: int = Field(ge=1)
+
+    def condition_size(self, width: int, height: int) -> tuple[int, int]:
+        """The (width, height) a ``width`` x ``height`` picture is read at by the vision tower."""
+        return self._area_size(self.condition_area, width, height)
+
+    def vae_size(self, width: int, height: int) -> tuple[int, int]:
+        """The (width, height) a ``width`` x ``height`` picture is VAE-encoded at (and, for the last one, the output
+        size the pipeline draws when it is given none)."""
+        return self._area_size(self.vae_area, width, height)
+
+    def prompt(self, pictures: int, text: str) -> str:
+        return "".join(self.picture_prompt.format(n) for n in range(1, pictures + 1)) + text
+
+    def _area_size(self, area: int, width: int, height: int) -> tuple[int, int]:
+        ratio = width / height
+        wide = math.sqrt(area * ratio)
+        m = self.multiple
+        return round(wide / m) * m, round(wide / ratio / m) * m
+
+
 class ModelCard(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     # --- the family's pipeline: fixed per family, not a folder's to change
     # The pipeline class, as ``model_index.json`` names it.
     family: str
-    # The pipeline class of each kind of render it runs: text to image always, an edit's where it edits.
+    # The pipeline class of each kind of render it runs (an edit model's pipeline may run no text to image).
     pipelines: dict[PipelineKind, str]
+    # Its text encoder reads the user's pictures (the AR then serves its vision tower); None: text only.
+    reads_pictures: PictureReading | None = None
     # The transformer config key that holds its row width.
     row_width_key: str = "joint_attention_dim"
     prompt_embeds: PromptEmbedsForm
@@ -94,7 +132,7 @@ class ModelCard(BaseModel):
 
     @property
     def edits(self) -> bool:
-        return self.service_decodes and "image_to_image" in self.pipelines
+        return self.service_decodes and bool({"image_to_image", "reference_edit"} & self.pipelines.keys())
 
     @classmethod
     def read(cls, model_dir: Path) -> ModelCard:
@@ -239,7 +277,33 @@ FLUX2_KLEIN = ModelCard(
         conditioning="every_row",
     ),
 )
-CARDS: dict[str, ModelCard] = {card.family: card for card in (QWEN_IMAGE, Z_IMAGE, FLUX2_KLEIN)}
+# Qwen-Image-Edit-2511 (and 2509, the same pipeline): QwenImageEditPlusPipeline. Its model card renders in 40 steps
+# with ``true_cfg_scale=4`` against ``negative_prompt=" "``, its output sized from the last picture (no size of its
+# own). It reads up to three pictures in its examples, each read by the encoder at the 384x384 area and VAE-encoded
+# at the 1024x1024 area, whatever the output size; the negative prompt is read with the same pictures. Rows:
+# ``hidden_states[-1]`` of its edit template, the 64-token system prefix dropped. Its pipeline refuses a batch, and
+# runs no text to image.
+QWEN_IMAGE_EDIT_PLUS = ModelCard(
+    family="QwenImageEditPlusPipeline",
+    pipelines={"reference_edit": "QwenImageEditPlusPipeline"},
+    reads_pictures=PictureReading(
+        condition_area=384 * 384,
+        vae_area=1024 * 1024,
+        multiple=32,
+        picture_prompt="Picture {}: <|vision_start|><|image_pad|><|vision_end|>",
+        max_pictures=3,
+    ),
+    prompt_embeds="padded_with_mask",
+    service_decodes=True,
+    latents="qwen_image",
+    batches=False,
+    description="Qwen-Image-Edit-2511 (a diffusers QwenImageEditPlusPipeline; its Qwen2.5-VL reads the pictures)",
+    default_num_inference_steps=40,
+    default_guidance_scale=4.0,
+    default_negative_prompt=" ",
+    rows=RowRecipe(template=QWEN_IMAGE_EDIT_TEMPLATE),
+)
+CARDS: dict[str, ModelCard] = {card.family: card for card in (QWEN_IMAGE, Z_IMAGE, FLUX2_KLEIN, QWEN_IMAGE_EDIT_PLUS)}
 
 
 def ships_text_encoder(model_dir: Path) -> bool:

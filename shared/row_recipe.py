@@ -27,6 +27,13 @@ QWEN_IMAGE_TEMPLATE = (
     "spatial relationships of the objects and background:<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n"
     "<|im_start|>assistant\n"
 )
+# Qwen-Image-Edit's (QwenImageEditPlusPipeline's): the pictures' prompts and the user's text go where ``{}`` is.
+QWEN_IMAGE_EDIT_TEMPLATE = (
+    "<|im_start|>system\nDescribe the key features of the input image (color, shape, size, texture, objects, "
+    "background), then explain how the user's text instruction should alter or modify the image. Generate a new image "
+    "that meets the user's requirements while maintaining consistency with the original input where appropriate."
+    "<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
+)
 # Most layers one row may stack (FLUX.2 [klein] stacks 3).
 MAX_LAYERS = 8
 
