@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from services.model_card import CARDS, MODEL_CARD_FILE, PUBLISHED, QWEN_IMAGE, Z_IMAGE, ModelCard
+from services.model_card import CARDS, MODEL_CARD_FILE, PUBLISHED, QWEN_IMAGE, QWEN_IMAGE_EDIT_PLUS, Z_IMAGE, ModelCard
 from shared.row_recipe import QWEN_IMAGE_TEMPLATE, RowRecipe
 
 # What Qwen/Qwen-Image ships in text_encoder/config.json (the fields read here), older and newer transformers.
@@ -66,8 +66,23 @@ def test_a_folders_card_without_a_recipe_reads_rows_by_its_familys_where_it_ship
     assert (read.default_size, read.default_guidance_scale) == ("64x64", None)
 
 
-def test_every_family_is_keyed_by_the_class_name_its_card_gives():
-    assert all(name == card.family == card.pipelines["text_to_image"] for name, card in CARDS.items())
+def test_every_family_is_keyed_by_the_class_name_its_card_gives_and_that_pipeline_draws_from_text_or_edits():
+    for name, card in CARDS.items():
+        assert name == card.family == (card.pipelines.get("text_to_image") or card.pipelines["reference_edit"])
+
+
+def test_an_edit_models_pictures_are_sized_as_its_pipeline_sizes_them():
+    from diffusers.pipelines.qwenimage.pipeline_qwenimage_edit_plus import calculate_dimensions
+
+    reading = QWEN_IMAGE_EDIT_PLUS.reads_pictures
+    assert reading is not None
+    for width, height in [(448, 336), (100, 1000), (1024, 1024), (3000, 17)]:
+        assert reading.condition_size(width, height) == calculate_dimensions(384 * 384, width / height)
+        assert reading.vae_size(width, height) == calculate_dimensions(1024 * 1024, width / height)
+    assert reading.prompt(2, "swap them") == (
+        "Picture 1: <|vision_start|><|image_pad|><|vision_end|>Picture 2: <|vision_start|><|image_pad|><|vision_end|>"
+        "swap them"
+    )
 
 
 def layers(card: ModelCard) -> list[int] | None:
