@@ -59,6 +59,11 @@ class PictureReading(BaseModel):
     picture_prompt: str
     max_pictures: int = Field(ge=1)
 
+    @property
+    def condition_side(self) -> int:
+        """The side of a square picture of the condition area: what the vision tower's memory is sized with."""
+        return math.isqrt(self.condition_area)
+
     def condition_size(self, width: int, height: int) -> tuple[int, int]:
         """The (width, height) a ``width`` x ``height`` picture is read at by the vision tower."""
         return self._area_size(self.condition_area, width, height)
