@@ -7,8 +7,10 @@ benchmarks/results/peer_compare.md, serving overhead). Most requests share their
 prompt (the default ``" "``), and its run only encodes (one step, greedy, no sampling), so its rows are
 a function of its token ids: the first run's events are kept and replayed for a repeat.
 
-Kept per (cache salt, token ids): the salt carries the tenant, so one tenant's negative prompts are never
-another's hits (the same rule as the prefix cache). Bounded by bytes, least recently used first out; an
+Kept per (cache salt, token ids, pictures): the salt carries the tenant, so one tenant's negative prompts are never
+another's hits (the same rule as the prefix cache). An edit model reads the negative prompt with the edit's pictures,
+so they are part of the key, by a digest of their pixels: editing one picture again with another instruction replays
+its negative rows. Bounded by bytes, least recently used first out; an
 entry is kept only once its run finished. A replay reports every prompt token as cached and its times as
 the replay's own.
 """
@@ -16,10 +18,13 @@ the replay's own.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import time
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import replace
+
+import PIL.Image
 
 from ar_service.engine.hidden_state_engine import (
     EngineEvent,
@@ -29,7 +34,7 @@ from ar_service.engine.hidden_state_engine import (
     RowsEvent,
 )
 
-_Key = tuple[str | None, tuple[int, ...]]
+_Key = tuple[str | None, tuple[int, ...], tuple[bytes, ...]]
 
 
 class NegativeRows:
@@ -46,7 +51,7 @@ class NegativeRows:
         kept; else the engine's, kept when the run finishes."""
         if request.max_new_tokens != 1 or request.temperature != 0.0:
             raise ValueError("only a negative prompt's encode-only run is kept")
-        key = (request.cache_salt, tuple(request.prompt_token_ids))
+        key = (request.cache_salt, tuple(request.prompt_token_ids), tuple(map(_digest, request.pictures)))
         kept = self._kept.get(key)
         if kept is not None:
             self._kept.move_to_end(key)
@@ -86,3 +91,8 @@ class NegativeRows:
         while self._bytes > self._max_bytes:
             _, (_, _, evicted) = self._kept.popitem(last=False)
             self._bytes -= evicted
+
+
+def _digest(picture: PIL.Image.Image) -> bytes:
+    """The picture's size, mode and pixels, hashed."""
+    return hashlib.blake2b(f"{picture.size} {picture.mode}".encode() + picture.tobytes(), digest_size=16).digest()

@@ -21,14 +21,17 @@ import tempfile
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+import PIL.Image
 import torch
 from vllm.v1.engine.exceptions import EngineDeadError
 
 from ar_service.engine.connector import ROW_COUNT_KEY, ROW_QUEUE_KEY, HiddenStateConnector
 from ar_service.engine.row_channel import RowChannel, RowChunk, RowQueue
 from ar_service.engine.text_model import TextModel, TextModelError
+from ar_service.engine.vision_folder import linked_folder
 from ar_service.settings import ArSettings
 from services.heap import IdleRelease, collect_free_pages
 from services.tracing import current_traceparent, otlp_traces_endpoint
@@ -52,11 +55,16 @@ CPU_WORKER_CLASS = "ar_service.engine.cpu_worker.CpuWorker"
 @dataclass(frozen=True)
 class EngineRequest:
     engine_request_id: str  # unique per engine request: vLLM's request id, and its row queue's
+    # One id per prompt row: the prompt as the engine computes it, each picture's placeholder expanded to its tokens.
     prompt_token_ids: list[int]
     max_new_tokens: int = 1
     temperature: float = 0.0
     seed: int | None = None
     cache_salt: str | None = None
+    # The pictures the prompt reads, in order, at the size the family's vision tower reads them; and the prompt as
+    # vLLM takes it then, one placeholder a picture: vLLM expands each itself (and would expand expanded ones again).
+    pictures: tuple[PIL.Image.Image, ...] = ()
+    engine_token_ids: list[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -102,6 +110,7 @@ class HiddenStateEngine:
         self._engine: AsyncLLM | None = None
         self._channel: RowChannel | None = None
         self._socket_dir: tempfile.TemporaryDirectory[str] | None = None
+        self._served_dir: tempfile.TemporaryDirectory[str] | None = None
         self._core_returns_pages = False
         self.idle_release = IdleRelease(settings.release_memory_idle_seconds, self._return_free_pages)
 
@@ -158,7 +167,7 @@ class HiddenStateEngine:
         s = self.settings
         extra = self._capture_config() if s.capture_hidden_states else {}
         return AsyncEngineArgs(
-            **self.text_model.engine_args(),
+            **self.text_model.engine_args(self._served_folder()),
             dtype=s.engine_dtype,
             seed=s.seed,
             block_size=s.block_size,
@@ -184,6 +193,15 @@ class HiddenStateEngine:
             otlp_traces_endpoint=otlp_traces_endpoint(),
             **extra,
         )
+
+    def _served_folder(self) -> Path | None:
+        """Where vLLM reads a picture-reading encoder from (``vision_folder``); None: its own folder."""
+        model = self.text_model
+        if model.processor_dir is None:
+            return None
+        if self._served_dir is None:
+            self._served_dir = linked_folder(model.weights_dir, model.processor_dir)
+        return Path(self._served_dir.name)
 
     def _run_model_on_core_thread(self, config: VllmConfig) -> None:
         """On CPU, the model runs on the engine core's own thread, as vLLM runs it at one GPU."""
@@ -246,6 +264,9 @@ class HiddenStateEngine:
             self._channel = None
         if self._socket_dir is not None:
             self._socket_dir.cleanup()
+        if self._served_dir is not None:
+            self._served_dir.cleanup()
+            self._served_dir = None
 
     async def reset_prefix_cache(self) -> bool:
         return bool(await self._running().reset_prefix_cache())
@@ -397,7 +418,10 @@ class _EngineRun:
 
     async def submit(self) -> RequestOutputCollector:
         """Adds the request to the engine; returns its outputs' queue once the engine core has it."""
-        prompt: TokensPrompt = {"prompt_token_ids": self.request.prompt_token_ids}
+        request = self.request
+        prompt: TokensPrompt = {"prompt_token_ids": request.engine_token_ids or request.prompt_token_ids}
+        if request.pictures:
+            prompt["multi_modal_data"] = {"image": list(request.pictures)}
         if self.request.cache_salt:
             prompt["cache_salt"] = self.request.cache_salt
         # vLLM warns about every trace context it gets while its tracing is off.
@@ -417,6 +441,7 @@ class _EngineRun:
         try:
             while self.final is None:
                 output = cast("RequestOutput", outputs.get_nowait() or await outputs.get())
+                self._check_expanded(output)
                 new = output.outputs[0].token_ids if output.outputs else []
                 if new and self.first_token_at is None:
                     self.first_token_at = time.perf_counter()
@@ -429,6 +454,15 @@ class _EngineRun:
         finally:
             self.finished_at = time.perf_counter()
             self._tokens.set()
+
+    def _check_expanded(self, output: RequestOutput) -> None:
+        """Rows are tagged with the prompt ids the AR expanded; vLLM's own expansion must be the same."""
+        expanded = output.prompt_token_ids
+        if self.request.pictures and expanded is not None and list(expanded) != self.request.prompt_token_ids:
+            raise RuntimeError(
+                f"{self.request.engine_request_id}: the engine expanded the pictures to {len(expanded)} prompt "
+                f"tokens, the AR to {len(self.request.prompt_token_ids)}"
+            )
 
     async def wait_for_tokens(self) -> None:
         await self._tokens.wait()

@@ -6,7 +6,10 @@ published, ``text_encoder/`` and ``tokenizer/`` beside the DiT's parts — read 
 the DiT can be given the same folder.
 
 A text encoder vLLM cannot serve as published (a multimodal one, a config with a ``vision_config``; a bare
-decoder such as Z-Image's ``Qwen3Model``) is served text-only, by its text tower (``text_towers``).
+decoder such as Z-Image's ``Qwen3Model``) is served text-only, by its text tower (``text_towers``), unless its
+family reads the user's pictures (its card's ``reads_pictures``): then vLLM serves it as published, vision tower and
+all, from a folder that holds the text encoder beside the pipeline's ``processor/`` files (``vision_folder``), since
+vLLM reads a model's processor from the model's own folder.
 Everything a start needs is checked here, before vLLM runs, so that a folder that cannot serve fails in one
 line that names what is missing (``TextModelError``).
 """
@@ -19,10 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from ar_service.engine.text_towers import TEXT_TOWERS, text_only_overrides
-from services.model_card import PIPELINE_INDEX, ModelCard
+from services.model_card import PIPELINE_INDEX, ModelCard, PictureReading
 from shared.row_recipe import RowRecipe
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+# Where a processor's image-processor settings are: as published (transformers 4), as transformers 5 saves them.
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
 
 
 class TextModelError(ValueError):
@@ -40,6 +45,9 @@ class TextModel:
     text_tower: str | None
     # How the pipeline folder's model card reads rows (its DiT was trained on them); None: not a pipeline folder.
     card_rows: RowRecipe | None = None
+    # How its family reads the user's pictures, and where the pipeline keeps its processor; None: text only.
+    pictures: PictureReading | None = None
+    processor_dir: Path | None = None
 
     @classmethod
     def read(cls, model_dir: Path) -> TextModel:
@@ -50,11 +58,13 @@ class TextModel:
         if pipeline:
             weights_dir, tokenizer_dir = _pipeline_text_encoder(model_dir)
         config = _json(weights_dir / "config.json", "the text model's config")
-        card_rows = _card_rows(model_dir) if pipeline else None
+        card = _card(model_dir) if pipeline else None
+        pictures = card.reads_pictures if card is not None else None
         text = config.get("text_config") or config
         architecture = (config.get("architectures") or ["?"])[0]
-        tower = TEXT_TOWERS[architecture][0] if architecture in TEXT_TOWERS else None
-        if "vision_config" in config and tower is None:
+        tower = TEXT_TOWERS[architecture][0] if architecture in TEXT_TOWERS and pictures is None else None
+        processor_dir = _processor_dir(model_dir, weights_dir) if pictures is not None else None
+        if "vision_config" in config and tower is None and pictures is None:
             known = ", ".join(TEXT_TOWERS)
             raise TextModelError(
                 f"{weights_dir} is multimodal ({architecture}) with no text-only tower here (known: {known})"
@@ -67,25 +77,52 @@ class TextModel:
             if not isinstance(text.get(key), int):
                 raise TextModelError(f"{weights_dir}/config.json gives no {key}")
         shape = text["hidden_size"], text["num_hidden_layers"]
-        return cls(weights_dir, tokenizer_dir, architecture, *shape, text_tower=tower, card_rows=card_rows)
+        rows = card.rows if card is not None else None
+        return cls(weights_dir, tokenizer_dir, architecture, *shape, tower, rows, pictures, processor_dir)
 
-    def engine_args(self) -> dict[str, Any]:
+    def engine_args(self, served_dir: Path | None = None) -> dict[str, Any]:
         """vLLM engine arguments that say which model to serve and how. The AR tokenizes prompts itself
         (``PromptBuilder``) and reads only token ids back, so vLLM loads no tokenizer: it would load it in two
         processes to detokenize text nobody reads, and in a pipeline folder, whose ``tokenizer/`` has no model
         config, it retries reading one there and logs each try as an error. Generation still stops at the
-        end-of-sequence ids of the model's ``generation_config.json``."""
-        args: dict[str, Any] = {"model": str(self.weights_dir), "skip_tokenizer_init": True}
-        if self.text_tower is not None:
-            args["hf_overrides"] = text_only_overrides
-        return args
+        end-of-sequence ids of the model's ``generation_config.json``.
+
+        A family that reads pictures is the exception: vLLM's multimodal processor runs in the engine (it expands
+        each picture's placeholder and prepares its pixels) and needs the tokenizer; it is served from
+        ``served_dir`` (``vision_folder``), the most pictures a prompt holds its card's, and no video."""
+        if self.pictures is None:
+            args: dict[str, Any] = {"model": str(self.weights_dir), "skip_tokenizer_init": True}
+            if self.text_tower is not None:
+                args["hf_overrides"] = text_only_overrides
+            return args
+        side = self.pictures.condition_side
+        return {
+            "model": str(served_dir),
+            "skip_tokenizer_init": False,
+            "limit_mm_per_prompt": {
+                "image": {"count": self.pictures.max_pictures, "width": side, "height": side},
+                "video": 0,
+            },
+        }
 
 
-def _card_rows(model_dir: Path) -> RowRecipe | None:
+def _card(model_dir: Path) -> ModelCard:
     try:
-        return ModelCard.read(model_dir).rows
+        return ModelCard.read(model_dir)
     except ValueError as exc:
         raise TextModelError(f"the model card: {exc}") from None
+
+
+def _processor_dir(model_dir: Path, weights_dir: Path) -> Path:
+    processor = model_dir / "processor"
+    if not any((processor / name).exists() for name in PROCESSOR_FILES):
+        raise TextModelError(
+            f"{model_dir}'s family reads pictures and it has no processor/ with {' or '.join(PROCESSOR_FILES)} (the "
+            "pipeline's processor, which reads them)"
+        )
+    if clashes := sorted({p.name for p in processor.iterdir()} & {p.name for p in weights_dir.iterdir()}):
+        raise TextModelError(f"{processor} and {weights_dir} both hold {clashes}: vLLM reads them from one folder")
+    return processor
 
 
 def _pipeline_text_encoder(model_dir: Path) -> tuple[Path, Path]:

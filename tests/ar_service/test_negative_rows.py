@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import AbstractAsyncContextManager
+from dataclasses import replace
 from typing import cast
 
+import PIL.Image
 import pytest
 import torch
 
@@ -118,3 +120,18 @@ def test_the_least_recently_used_go_first_and_nothing_over_the_bound_is_kept():
 def test_only_an_encode_only_run_is_kept():
     with pytest.raises(ValueError):
         events(NegativeRows(1 << 20), CountingEngine(), EngineRequest("r", [1, 2], max_new_tokens=4))
+
+
+def test_an_edits_negative_prompt_is_replayed_for_the_same_picture_and_run_again_for_another():
+    kept, engine = NegativeRows(1 << 20), CountingEngine()
+    picture, other = (PIL.Image.new("RGB", (32, 32), colour) for colour in ("red", "blue"))
+
+    def reading(image: PIL.Image.Image) -> EngineRequest:
+        return replace(negative([1, 2, 3]), pictures=(image,))
+
+    events(kept, engine, reading(picture))
+    events(kept, engine, reading(picture.copy()))
+    assert engine.runs == 1
+    events(kept, engine, reading(other))
+    events(kept, engine, negative([1, 2, 3]))
+    assert engine.runs == 3

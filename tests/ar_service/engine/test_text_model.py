@@ -11,11 +11,12 @@ import pytest
 
 from ar_service.engine.text_model import TextModel, TextModelError
 from ar_service.engine.text_towers import text_only_overrides
-from services.checkpoints import FULL_QWEN_IMAGE_MODEL, default_model_dir
+from services.checkpoints import FULL_QWEN_IMAGE_MODEL, QWEN_IMAGE_EDIT_MODEL, default_model_dir
 from tests.conftest import PLUMBING_DIT_MODEL_DIR, require_checkpoint
 
 FULL = default_model_dir(FULL_QWEN_IMAGE_MODEL)
 NESTED = FULL.with_name(FULL.name + "-nested")
+EDIT = default_model_dir(QWEN_IMAGE_EDIT_MODEL)
 
 
 def copy_of(folder: Path, tmp_path: Path) -> Path:
@@ -40,6 +41,23 @@ def test_a_qwen_image_folder_serves_its_text_encoder_text_only_at_its_last_layer
     assert text_model.card_rows is not None and text_model.card_rows.layers == [4]
     assert text_model.text_tower == "ArditQwen2_5_VLTextTower"
     assert text_model.engine_args()["hf_overrides"] is text_only_overrides
+
+
+def test_an_edit_models_folder_serves_its_text_encoder_with_its_vision_tower_and_processor(tmp_path):
+    text_model = TextModel.read(require_checkpoint(EDIT))
+    assert text_model.text_tower is None and text_model.processor_dir == EDIT / "processor"
+    assert text_model.pictures is not None and text_model.pictures.max_pictures == 3
+    args = text_model.engine_args(tmp_path)
+    assert (args["model"], args["skip_tokenizer_init"]) == (str(tmp_path), False)
+    assert args["limit_mm_per_prompt"] == {"image": {"count": 3, "width": 384, "height": 384}, "video": 0}
+    assert "hf_overrides" not in args
+
+
+def test_an_edit_models_folder_without_its_processor_is_refused_naming_it(tmp_path):
+    folder = copy_of(EDIT, tmp_path)
+    shutil.rmtree(folder / "processor")
+    with pytest.raises(TextModelError, match=r"no processor/ with preprocessor_config\.json"):
+        TextModel.read(folder)
 
 
 def test_a_language_models_own_folder_is_served_as_it_is():
