@@ -10,6 +10,8 @@ SMOLLM2_DIR := $(ARDIT_CACHE_DIR)/models/smollm2-135m-instruct
 TINY_DIT_DIR := $(ARDIT_CACHE_DIR)/models/qwen-image-tiny
 # A tiny Qwen-Image with every part, in the published folder layout (the reference tests' model).
 FULL_QWEN_IMAGE_DIR := $(ARDIT_CACHE_DIR)/models/qwen-image-full-tiny
+# A tiny Qwen-Image-Edit-2511 (its Qwen2.5-VL reads the pictures), in the published folder layout.
+QWEN_IMAGE_EDIT_DIR := $(ARDIT_CACHE_DIR)/models/qwen-image-edit-tiny
 # The trained demo DiT (the DiT's default model) is committed: training it took 23 minutes on 2 cores
 # (deploy/checkpoints/ardit-demo/README.md), so `make checkpoints` installs the committed weights.
 DEMO_DIT_SRC := deploy/checkpoints/ardit-demo
@@ -40,6 +42,7 @@ checkpoints: $(STAMP) $(DEMO_DIT_DIR)/.complete
 	$(PY) deploy/checkpoints/build_tiny_qwen_image.py --out $(TINY_DIT_DIR) --ar-model $(SMOLLM2_DIR)
 	$(PY) -m deploy.checkpoints.build_qwen_image_full --out $(FULL_QWEN_IMAGE_DIR)
 	$(PY) -m deploy.checkpoints.build_qwen3_families --out-dir $(ARDIT_CACHE_DIR)/models
+	$(PY) -m deploy.checkpoints.build_qwen_image_edit --out $(QWEN_IMAGE_EDIT_DIR)
 
 # Copied whole into a temporary directory, then renamed: a half-copied model is never served.
 $(DEMO_DIT_DIR)/.complete: $(shell find $(DEMO_DIT_SRC) -type f)

@@ -26,6 +26,8 @@ FULL_QWEN_IMAGE_MODEL = "qwen-image-full-tiny"
 # DiT, VAE and scheduler), in the folder layout each is published in (deploy/checkpoints/build_qwen3_families.py).
 Z_IMAGE_MODEL = "z-image-tiny"
 FLUX2_KLEIN_MODEL = "flux2-klein-tiny"
+# A tiny Qwen-Image-Edit-2511 (a Qwen2.5-VL reads pictures), as published (deploy/checkpoints/build_qwen_image_edit.py).
+QWEN_IMAGE_EDIT_MODEL = "qwen-image-edit-tiny"
 
 
 def default_model_dir(name: str) -> Path:

@@ -106,45 +106,66 @@ def hub_config(text: dict[str, Any], vision: dict[str, Any], saved: dict[str, An
     }
 
 
-def build(spec: dict[str, Any], work_dir: Path, tokenizer_dir: Path) -> None:
+def text_encoder(spec: dict[str, Any]) -> Any:
+    """The tiny Qwen2.5-VL (vision tower included), seeded, its norms drawn around 1 and biases around 0, bf16."""
     import torch
-    from diffusers.models.autoencoders.autoencoder_kl_qwenimage import AutoencoderKLQwenImage
-    from diffusers.models.transformers.transformer_qwenimage import QwenImageTransformer2DModel
-    from diffusers.pipelines.qwenimage.pipeline_qwenimage import QwenImagePipeline
-    from diffusers.schedulers.scheduling_flow_match_euler_discrete import FlowMatchEulerDiscreteScheduler
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2Tokenizer
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-    seed, dit = spec["seed"], spec["dit"]
     config = Qwen2_5_VLConfig(text_config=spec["text"], vision_config=spec["vision"], **SPECIAL_TOKENS)
-    torch.manual_seed(seed)
-    text_encoder = Qwen2_5_VLForConditionalGeneration(config)
+    torch.manual_seed(spec["seed"])
+    model = Qwen2_5_VLForConditionalGeneration(config)
     with torch.no_grad():
-        for name, parameter in text_encoder.named_parameters():
+        for name, parameter in model.named_parameters():
             if "norm" in name and name.endswith("weight"):
                 parameter.uniform_(0.5, 1.5)
             elif name.endswith("bias"):
                 parameter.normal_(0.0, 0.1)
+    return model.bfloat16()
+
+
+def vae(seed: int, dit: dict[str, Any]) -> Any:
+    """The plumbing DiT's VAE (``build_tiny_qwen_image``), its output spread by the recipe's gain, bf16."""
+    import torch
+    from diffusers.models.autoencoders.autoencoder_kl_qwenimage import AutoencoderKLQwenImage
+
     torch.manual_seed(seed)
-    transformer = QwenImageTransformer2DModel(**dit["transformer"])
-    torch.manual_seed(seed)
-    vae = AutoencoderKLQwenImage(**dit["vae"])
+    model = AutoencoderKLQwenImage(**dit["vae"])
     with torch.no_grad():
-        vae.decoder.conv_out.weight.mul_(dit["vae_output_gain"])
-        vae.decoder.conv_out.bias.zero_()
-    pipeline = QwenImagePipeline(
-        scheduler=FlowMatchEulerDiscreteScheduler(**dit["scheduler"]),
-        vae=vae.to(torch.bfloat16),
-        text_encoder=text_encoder.bfloat16(),
-        tokenizer=Qwen2Tokenizer.from_pretrained(str(tokenizer_dir)),
-        transformer=transformer.to(torch.bfloat16),
-    )
-    pipeline.save_pretrained(str(work_dir), safe_serialization=True)
+        model.decoder.conv_out.weight.mul_(dit["vae_output_gain"])
+        model.decoder.conv_out.bias.zero_()
+    return model.to(torch.bfloat16)
+
+
+def publish_text_parts(spec: dict[str, Any], work_dir: Path, tokenizer_dir: Path) -> None:
+    """After diffusers' ``save_pretrained``: Qwen's own tokenizer files, and the text encoder's config as the hub's."""
     # diffusers saved the tokenizer as transformers writes it; the published folder has Qwen's own files.
     for name in TOKENIZER_FILES:
         shutil.copyfile(tokenizer_dir / name, work_dir / "tokenizer" / name)
     config_path = work_dir / "text_encoder" / "config.json"
     saved = json.loads(config_path.read_text())
     config_path.write_text(json.dumps(hub_config(spec["text"], spec["vision"], saved), indent=2) + "\n")
+
+
+def build(spec: dict[str, Any], work_dir: Path, tokenizer_dir: Path) -> None:
+    import torch
+    from diffusers.models.transformers.transformer_qwenimage import QwenImageTransformer2DModel
+    from diffusers.pipelines.qwenimage.pipeline_qwenimage import QwenImagePipeline
+    from diffusers.schedulers.scheduling_flow_match_euler_discrete import FlowMatchEulerDiscreteScheduler
+    from transformers import Qwen2Tokenizer
+
+    seed, dit = spec["seed"], spec["dit"]
+    encoder = text_encoder(spec)
+    torch.manual_seed(seed)
+    transformer = QwenImageTransformer2DModel(**dit["transformer"])
+    pipeline = QwenImagePipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(**dit["scheduler"]),
+        vae=vae(seed, dit),
+        text_encoder=encoder,
+        tokenizer=Qwen2Tokenizer.from_pretrained(str(tokenizer_dir)),
+        transformer=transformer.to(torch.bfloat16),
+    )
+    pipeline.save_pretrained(str(work_dir), safe_serialization=True)
+    publish_text_parts(spec, work_dir, tokenizer_dir)
 
 
 def nested_variant(work_dir: Path, nested_dir: Path, saved_config: dict[str, Any]) -> None:
