@@ -139,6 +139,31 @@ class ModelCard(BaseModel):
     def edits(self) -> bool:
         return self.service_decodes and bool({"image_to_image", "reference_edit"} & self.pipelines.keys())
 
+    @property
+    def text_to_image(self) -> bool:
+        """Whether it draws from text alone (an edit model's pipeline may not)."""
+        return "text_to_image" in self.pipelines
+
+    @property
+    def max_edit_pictures(self) -> int:
+        """The most pictures one edit gives: what its pipeline reads beside the rows (a reference edit), 1 where an
+        edit starts from one picture noised to a strength, 0 where it edits none."""
+        if not self.edits:
+            return 0
+        if "reference_edit" in self.pipelines and self.reads_pictures is not None:
+            return self.reads_pictures.max_pictures
+        return 1
+
+    @property
+    def edit_mask(self) -> bool:
+        """Whether an edit may bring a mask (only its nonzero pixels repainted: an inpaint pipeline)."""
+        return self.edits and "inpaint" in self.pipelines
+
+    @property
+    def edit_strength(self) -> bool:
+        """Whether an edit takes a strength (img2img, inpaint) rather than none (a reference edit)."""
+        return self.edits and "image_to_image" in self.pipelines
+
     @classmethod
     def read(cls, model_dir: Path) -> ModelCard:
         """The card of the family in ``model_dir``, as the folder has it, its layers counted from the start;

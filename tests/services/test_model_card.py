@@ -8,7 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from services.model_card import CARDS, MODEL_CARD_FILE, PUBLISHED, QWEN_IMAGE, QWEN_IMAGE_EDIT_PLUS, Z_IMAGE, ModelCard
+from services.model_card import (
+    CARDS,
+    FLUX2_KLEIN,
+    MODEL_CARD_FILE,
+    PUBLISHED,
+    QWEN_IMAGE,
+    QWEN_IMAGE_EDIT_PLUS,
+    Z_IMAGE,
+    ModelCard,
+)
 from shared.row_recipe import QWEN_IMAGE_TEMPLATE, RowRecipe
 
 # What Qwen/Qwen-Image ships in text_encoder/config.json (the fields read here), older and newer transformers.
@@ -69,6 +78,23 @@ def test_a_folders_card_without_a_recipe_reads_rows_by_its_familys_where_it_ship
 def test_every_family_is_keyed_by_the_class_name_its_card_gives_and_that_pipeline_draws_from_text_or_edits():
     for name, card in CARDS.items():
         assert name == card.family == (card.pipelines.get("text_to_image") or card.pipelines["reference_edit"])
+
+
+@pytest.mark.parametrize(
+    ("card", "draws_from_text", "pictures", "mask", "strength"),
+    [
+        (QWEN_IMAGE, True, 1, True, True),
+        (QWEN_IMAGE_EDIT_PLUS, False, 3, False, False),
+        (Z_IMAGE, True, 0, False, False),
+        (FLUX2_KLEIN, True, 0, False, False),
+    ],
+    ids=["qwen_image", "qwen_image_edit_plus", "z_image", "flux2_klein"],
+)
+def test_each_card_says_what_its_family_draws_from(card, draws_from_text, pictures, mask, strength):
+    """Qwen-Image starts an edit from one picture noised to a strength (with a mask: inpaint); Qwen-Image-Edit reads
+    up to three pictures beside the rows and draws nothing from text alone; Z-Image and FLUX.2 edit nothing."""
+    assert card.text_to_image == draws_from_text
+    assert (card.max_edit_pictures, card.edit_mask, card.edit_strength) == (pictures, mask, strength)
 
 
 def test_an_edit_models_pictures_are_sized_as_its_pipeline_sizes_them():
