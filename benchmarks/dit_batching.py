@@ -36,6 +36,7 @@ from shared.diffusion import DiffusionParams  # noqa: E402
 from shared.frames import OpenFrame, StreamSpec  # noqa: E402
 from shared.handoff_encoder import HandoffEncoder  # noqa: E402
 from shared.result_frames import HANDOFF_MEDIA_TYPE, ImageFrame, ResultReader  # noqa: E402
+from shared.row_recipe import RowRecipe  # noqa: E402
 
 TOKEN = "bench-token"
 ROWS = 24  # a short prompt's conditioning rows
@@ -75,11 +76,9 @@ def handoff(seed: int, hidden: int, width: int, height: int, steps: int) -> byte
         OpenFrame(
             request_id=f"bench-{seed}-{time.monotonic_ns()}",
             model="bench",
-            conditioning="qwen_image",
             dtype="float32",
             row_width=hidden,
-            layers=[30],
-            final_norm=True,
+            rows=RowRecipe(layers=[30]),
             streams={"cond": StreamSpec(prompt_tokens=ROWS, max_rows=ROWS, prefix_tokens=0)},
             diffusion=DiffusionParams(
                 width=width, height=height, num_inference_steps=steps, guidance_scale=1.0, seed=seed

@@ -47,6 +47,7 @@ from shared.frames import OpenFrame, StreamSpec
 from shared.handoff_assembler import HandoffAssembler, HandoffReceiver
 from shared.handoff_encoder import DEFAULT_MAX_FRAME_PAYLOAD, HandoffEncoder
 from shared.row_buffer_pool import RowBufferPool
+from shared.row_recipe import RowRecipe
 from shared.tensor_codec import byte_view, tensor_bytes
 
 ROWS, HIDDEN, PROMPT = 5900, 3584, 5627
@@ -99,11 +100,9 @@ def ardit(
     opened = OpenFrame(
         request_id="bench",
         model="bench",
-        conditioning="qwen_image",
         dtype="bfloat16",
         row_width=HIDDEN,
-        layers=[28],
-        final_norm=True,
+        rows=RowRecipe(layers=[28]),
         streams={"cond": StreamSpec(prompt_tokens=PROMPT, max_rows=ROWS)},
         diffusion=DiffusionParams(width=1024, height=1024, num_inference_steps=50, guidance_scale=4.0, seed=0),
     )

@@ -58,6 +58,7 @@ from ar_service import (  # noqa: E402
 from shared.diffusion import DiffusionParams  # noqa: E402
 from shared.frames import OpenFrame, StreamSpec  # noqa: E402
 from shared.handoff_encoder import HandoffEncoder  # noqa: E402
+from shared.row_recipe import RowRecipe  # noqa: E402
 from shared.tensor_codec import byte_view, tensor_bytes  # noqa: E402
 
 ROWS, HIDDEN = 5900, 3584
@@ -138,11 +139,9 @@ def open_frame(rows: int) -> OpenFrame:
     return OpenFrame(
         request_id=f"bench-{time.monotonic_ns()}",
         model="bench",
-        conditioning="qwen_image",
         dtype="bfloat16",
         row_width=HIDDEN,
-        layers=[28],
-        final_norm=True,
+        rows=RowRecipe(layers=[28]),
         streams={"cond": StreamSpec(prompt_tokens=rows, max_rows=rows)},
         diffusion=DiffusionParams(width=1024, height=1024, num_inference_steps=50, guidance_scale=4.0, seed=0),
     )

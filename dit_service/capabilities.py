@@ -3,9 +3,10 @@
 Every limit comes from one place: the settings (operator's caps) or the model itself (size
 multiple, fewest steps, conditioning width, and what its family runs: its model card,
 whose guidance cap tightens the operator's; step caches, previews and edits are offered only where
-it runs them). Defaults follow settings, then the model card, then fallbacks that suit any
-Qwen-Image (guidance no higher than the family's cap). The sizes drawn are the settings' list, else
-the card's; where either lists sizes, ``auto`` is the first of them unless a default size is set.
+it runs them, text to image only where its pipelines draw from text alone). Defaults follow
+settings, then the model card, then fallbacks that suit any Qwen-Image (guidance no higher than
+the family's cap). The sizes drawn are the settings' list, else the card's; where either lists
+sizes, ``auto`` is the first of them unless a default size is set.
 """
 
 from __future__ import annotations
@@ -27,12 +28,8 @@ FALLBACK_NEGATIVE_PROMPT = " "
 def dit_capabilities(settings: DitSettings, model: DitModel) -> DitCapabilities:
     """Raises ``ValueError`` if the configured defaults are outside the limits (a load failure)."""
     facts, card = model.facts, model.card
-    # A step cache's hook state lives on the shared transformer: offered, where the family runs them, with one run
-    # at a time only.
-    step_caches = list(card.step_caches) if settings.max_pipeline_runs == 1 else []
-    max_guidance_scale = min(settings.max_guidance_scale, card.max_guidance_scale)
-    sizes = card.sizes if settings.sizes is None else settings.sizes
-    listed = sizes or None  # [] in the settings: any size, whatever the card lists
+    limits = _limits(settings, model)
+    listed = limits.sizes
     default_size = settings.default_size or card.default_size or (listed[0] if listed else FALLBACK_SIZE)
     width, height = parse_size(default_size)
     capabilities = DitCapabilities(
@@ -42,20 +39,7 @@ def dit_capabilities(settings: DitSettings, model: DitModel) -> DitCapabilities:
         rows=card.rows,
         conditioning=ConditioningAdapters.names(),
         cfg_above=card.cfg_above,
-        limits=DiffusionLimits(
-            size_multiple=facts.size_multiple,
-            max_pixels=settings.max_pixels,
-            min_inference_steps=facts.min_inference_steps,
-            max_inference_steps=settings.max_inference_steps,
-            max_guidance_scale=max_guidance_scale,
-            max_images=settings.max_images_per_handoff,
-            max_conditioning_rows=settings.max_sequence_length,
-            output_formats=ImageEncoder.supported(),
-            step_caches=step_caches,
-            sizes=listed,
-            max_partial_images=MAX_PARTIAL_IMAGES if card.previews else 0,
-            edits=card.edits,
-        ),
+        limits=limits,
         defaults=DiffusionDefaults(
             width=width,
             height=height,
@@ -65,10 +49,10 @@ def dit_capabilities(settings: DitSettings, model: DitModel) -> DitCapabilities:
             guidance_scale=_first_set(
                 settings.default_guidance_scale,
                 card.default_guidance_scale,
-                fallback=min(FALLBACK_GUIDANCE_SCALE, max_guidance_scale),
+                fallback=min(FALLBACK_GUIDANCE_SCALE, limits.max_guidance_scale),
             ),
             step_cache=card.default_step_cache
-            if card.default_step_cache is not None and card.default_step_cache.method in step_caches
+            if card.default_step_cache is not None and card.default_step_cache.method in limits.step_caches
             else None,
             negative_prompt=FALLBACK_NEGATIVE_PROMPT
             if card.default_negative_prompt is None
@@ -82,6 +66,32 @@ def dit_capabilities(settings: DitSettings, model: DitModel) -> DitCapabilities:
     )
     _check_defaults(capabilities.defaults, capabilities.limits)
     return capabilities
+
+
+def _limits(settings: DitSettings, model: DitModel) -> DiffusionLimits:
+    facts, card = model.facts, model.card
+    # A step cache's hook state lives on the shared transformer: offered, where the family runs them, with one run
+    # at a time only.
+    step_caches = list(card.step_caches) if settings.max_pipeline_runs == 1 else []
+    sizes = card.sizes if settings.sizes is None else settings.sizes
+    return DiffusionLimits(
+        size_multiple=facts.size_multiple,
+        max_pixels=settings.max_pixels,
+        min_inference_steps=facts.min_inference_steps,
+        max_inference_steps=settings.max_inference_steps,
+        max_guidance_scale=min(settings.max_guidance_scale, card.max_guidance_scale),
+        max_images=settings.max_images_per_handoff,
+        max_conditioning_rows=settings.max_sequence_length,
+        output_formats=ImageEncoder.supported(),
+        step_caches=step_caches,
+        sizes=sizes or None,  # [] in the settings: any size, whatever the card lists
+        max_partial_images=MAX_PARTIAL_IMAGES if card.previews else 0,
+        edits=card.edits,
+        text_to_image=card.text_to_image,
+        max_edit_pictures=card.max_edit_pictures,
+        edit_mask=card.edit_mask,
+        edit_strength=card.edit_strength,
+    )
 
 
 def _check_defaults(defaults: DiffusionDefaults, limits: DiffusionLimits) -> None:

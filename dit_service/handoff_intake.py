@@ -1,7 +1,8 @@
 """One handoff body in, one assembled handoff out — with a stall timeout and honest memory accounting.
 
 Chunks go straight into the shared ``HandoffReceiver`` (rows land by index in the buffer allocated
-from ``open``). The ``open`` frame is checked against this DiT as soon as it arrives. Whatever ends
+from ``open``). The ``open`` frame is checked against this DiT as soon as it arrives, before its memory is
+allocated or another frame read (an edit this DiT cannot draw is refused before its pixels). Whatever ends
 the handoff — a contract violation, an ``abort``, a stall, a dropped connection, or the consumer
 being done with the rows — releases the row buffer and brings ``ardit_dit_handoff_buffer_bytes``
 back down by exactly what this handoff added. With a ``RowBufferPool`` released buffers stay warm
@@ -69,10 +70,16 @@ class HandoffIntake:
     ) -> AsyncIterator[Received[Accepted]]:
         """Yields the complete handoff with what ``check_open`` answered for its ``open`` frame; its rows are released
         when the block exits."""
-        receiver = HandoffReceiver(self.caps, self.limits, self.pool)
+        # The check's answer: the receiver asks it as soon as ``open`` has arrived, before anything is allocated or
+        # another frame read; a handoff that finishes has had its ``open``.
+        accepted: list[Accepted] = []
+        receiver = HandoffReceiver(
+            self.caps, self.limits, self.pool, check_open=lambda frame: accepted.append(check_open(frame))
+        )
         account = _BufferAccount(self.metrics.handoff_buffer_bytes)
         try:
-            received = await self._assemble(receiver, account, chunks, check_open)
+            handoff = await self._assemble(receiver, account, chunks)
+            received = Received(handoff, accepted[0])
             try:
                 yield received
             except HandoffError as exc:
@@ -86,18 +93,12 @@ class HandoffIntake:
                 self.metrics.handoff_buffer_idle_bytes.set(self.pool.idle_bytes)
 
     async def _assemble(
-        self,
-        receiver: HandoffReceiver,
-        account: _BufferAccount,
-        chunks: AsyncIterator[bytes],
-        check_open: Callable[[OpenFrame], Accepted],
-    ) -> Received[Accepted]:
+        self, receiver: HandoffReceiver, account: _BufferAccount, chunks: AsyncIterator[bytes]
+    ) -> AssembledHandoff:
         metrics = self.metrics
         started = time.monotonic()
         metrics.handoffs_in_flight.inc()
         try:
-            # The check's answer once ``open`` has arrived; a handoff that finishes has had its ``open``.
-            accepted: list[Accepted] = []
             async with aclosing(self._paced(chunks)) as paced:
                 async for chunk in paced:
                     frames_before = receiver.reader.frames
@@ -107,8 +108,6 @@ class HandoffIntake:
                         account.set(receiver.assembler.allocated_bytes)
                         metrics.handoff_received_bytes.inc(len(chunk))
                         metrics.handoff_received_frames.inc(receiver.reader.frames - frames_before)
-                    if not accepted and receiver.assembler.open is not None:
-                        accepted.append(check_open(receiver.assembler.open))
             handoff = receiver.finish()
         except HandoffError as exc:
             self._failed(exc.code, exc.message)
@@ -119,7 +118,7 @@ class HandoffIntake:
         finally:
             metrics.handoffs_in_flight.dec()
         metrics.handoff_receive_seconds.observe(time.monotonic() - started)
-        return Received(handoff, accepted[0])
+        return handoff
 
     def _failed(self, reason: str, message: str) -> None:
         # The log line carries the request id (x-request-id, set by the AR) through the log filter.

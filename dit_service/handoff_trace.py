@@ -46,7 +46,7 @@ class HandoffTrace:
             attributes={
                 "ardit.request_id": frame.request_id,
                 "ardit.model": frame.model,
-                "ardit.conditioning": frame.conditioning,
+                "ardit.conditioning": frame.rows.conditioning,
                 "ardit.image.width": params.width,
                 "ardit.image.height": params.height,
                 "ardit.image.count": params.num_images,

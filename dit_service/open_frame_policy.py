@@ -1,13 +1,14 @@
 """What an ``open`` frame must ask for before this DiT accepts the rest of the handoff.
 
-Checked as soon as ``open`` arrives, so a handoff this model cannot serve ends before its rows
-are sent. The diffusion parameters are checked against the limits this DiT announces, by the same
-``DiffusionLimits.check`` the AR runs on public requests: the announcement lets the AR refuse
-early, this check makes the DiT safe whoever sends. The conditioning width is checked because a
-mismatch would only surface as a matmul error mid-run; the recipe's fields the frame carries (where the
-model's card names a recipe), by the recipe's one comparison, because rows read otherwise have the same width
-and would render a wrong picture without any error. Rejections name the public API's parameters (``size``,
-``n``, ...), so the AR can pass them through unchanged.
+Checked as soon as ``open`` arrives, before the handoff's memory is allocated, so a handoff this model cannot serve
+ends before its rows (or an edit's pictures) are sent. The diffusion parameters are checked against the limits this
+DiT announces, by the same ``DiffusionLimits.check`` the AR runs on public requests, and what the request draws from
+(text alone, or an edit of so many pictures, a mask, a strength) by ``DiffusionLimits.check_edit``: the announcement
+lets the AR refuse early, this check makes the DiT safe whoever sends. The conditioning width is checked because a
+mismatch would only surface as a matmul error mid-run; the row recipe (where the model's card names one), by the
+recipe's one comparison, field by field, because rows read otherwise have the same width and would render a wrong
+picture without any error. Rejections name the public API's parameters (``size``, ``n``, ...), so the AR can pass
+them through unchanged.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from dit_service.conditioning import ConditioningAdapter, ConditioningAdapters
 from shared.capabilities import DitCapabilities
 from shared.errors import ConditioningMismatch, InvalidDiffusionParams
 from shared.frames import PUBLIC_PARAM, OpenFrame
-from shared.row_recipe import OPEN_FRAME_FIELDS, RowRecipe
 
 
 class OpenFramePolicy:
@@ -37,7 +37,7 @@ class OpenFramePolicy:
                 f"hidden states come from {frame.model!r}; this DiT is paired with {self._expected_model!r}",
                 param="model",
             )
-        adapter = self._adapters.get(frame.conditioning)
+        adapter = self._adapters.get(frame.rows.conditioning)
         self._check_rows(frame)
         self._check_diffusion(frame)
         return adapter
@@ -46,16 +46,15 @@ class OpenFramePolicy:
         if frame.row_width != self._capabilities.row_width:
             raise ConditioningMismatch(
                 f"rows {frame.row_width} wide do not match the DiT's {self._capabilities.row_width}",
-                param="hidden_size",
+                param="row_width",
             )
         rows = self._capabilities.rows
-        if rows is None and len(frame.layers) > 1:
+        if rows is None and len(frame.rows.layers) > 1:
             raise ConditioningMismatch(
-                f"rows of layers {frame.layers}: this DiT knows no recipe of several layers", param="layers"
+                f"rows of layers {frame.rows.layers}: this DiT knows no recipe of several layers", param="layers"
             )
         if rows is not None:
-            read = RowRecipe(layers=frame.layers, final_norm=frame.final_norm, conditioning=frame.conditioning)
-            differences = rows.differences(read, OPEN_FRAME_FIELDS)
+            differences = rows.differences(frame.rows)
             if differences:
                 raise ConditioningMismatch(
                     f"the AR reads rows otherwise than this DiT was trained on: {'; '.join(differences.values())}",
@@ -71,8 +70,8 @@ class OpenFramePolicy:
                 )
 
     def _check_diffusion(self, frame: OpenFrame) -> None:
-        params = frame.diffusion
-        self._capabilities.limits.check(params)
+        params, limits = frame.diffusion, self._capabilities.limits
+        limits.check(params)
         if params.cfg_above != self._capabilities.cfg_above:
             # The sender guided by another family's rule: it would send negative rows this pipeline ignores, or
             # none where it runs CFG.
@@ -80,8 +79,7 @@ class OpenFramePolicy:
                 f"guidance runs above {self._capabilities.cfg_above} here, not above {params.cfg_above}",
                 param="guidance_scale",
             )
-        if frame.edit is not None and not self._capabilities.limits.edits:
-            raise InvalidDiffusionParams("this image model does not edit images", param="image")
+        limits.check_edit(frame.edit)
         if params.cfg and "uncond" not in frame.streams:
             # diffusers would quietly render without guidance; CFG needs the AR's negative stream.
             raise InvalidDiffusionParams(

@@ -8,7 +8,8 @@ each item's ``RenderTimings``, or ``RenderCancelled`` for one whose consumer lef
 An edit's strength is diffusers' img2img strength: of a ``num_inference_steps`` schedule, the last
 ``denoising_steps`` (ceil(steps * strength)) run, starting from the input noised to where they
 begin; strength 0 runs none (the answer is the input through the VAE and back). With a mask, only
-its nonzero pixels are repainted; every other pixel of the answer is the input's own.
+its nonzero pixels are repainted; every other pixel of the answer is the input's own. A reference edit
+has no strength: its whole schedule runs from noise, its pipeline reading the pictures beside the rows.
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ BatchKey = tuple[tuple[str, object], ...]
 
 @dataclass(frozen=True)
 class EditInput:
-    image: PIL.Image.Image  # RGB, at the output size
-    mask: PIL.Image.Image | None  # L, at the output size: 255 = repaint, 0 = keep
-    strength: float
+    pictures: tuple[PIL.Image.Image, ...]  # RGB, each at its own size (an img2img edit's one at the output size)
+    mask: PIL.Image.Image | None  # L, at the first picture's size: 255 = repaint, 0 = keep
+    strength: float | None  # None: a reference edit
 
     @classmethod
     def of(cls, edit: AssembledEdit) -> EditInput:
@@ -44,10 +45,14 @@ class EditInput:
         if edit.mask is not None:
             # Any nonzero value repaints (diffusers binarises at one half; the AR sends 0 or 255).
             mask = PIL.Image.fromarray(edit.mask[:, :, 0].numpy()).point(lambda v: 255 if v else 0)
-        return cls(PIL.Image.fromarray(edit.image.numpy()), mask, edit.strength)
+        pictures = tuple(PIL.Image.fromarray(picture.numpy()) for picture in edit.pictures)
+        return cls(pictures, mask, edit.strength)
 
     def denoising_steps(self, num_inference_steps: int) -> int:
-        """Steps that run: diffusers' ``get_timesteps`` arithmetic, so the count is what its loop does."""
+        """Steps that run: diffusers' ``get_timesteps`` arithmetic, so the count is what its loop does (all of them
+        for a reference edit)."""
+        if self.strength is None:
+            return num_inference_steps
         skipped = int(max(num_inference_steps - min(num_inference_steps * self.strength, num_inference_steps), 0))
         return num_inference_steps - skipped
 

@@ -1,15 +1,16 @@
 """Render jobs through diffusers: one job, or several compatible ones denoised as one batch.
 
 ``Renderer.render(items)`` is the DiT's pipeline call, in the numbered steps of diffusers' own
-``__call__``: (1) check the items may share a run, (2) build each job's inputs (conditioning in the
-form the family's pipeline takes it, CFG, an edit's latents), (3) denoise each round of images with
-the step callback (progress, previews, stopping an abandoned run), (4) finish each image (decode,
-paste an edit's unmasked pixels back, encode, emit). A job's step cache (``step_cache``) is on for
-its pipeline calls only. It is synchronous and meant for a worker thread; result frames go to each
-item's ``emit`` as soon as they exist.
+``__call__``: (1) check the items may share a run, (2) build each job's inputs (conditioning in the form
+the family's pipeline takes it, CFG, an edit's latents or a reference edit's pictures), (3) denoise each
+round of images with the step callback (progress, previews, stopping an abandoned run), (4) finish each
+image (decode, paste an edit's unmasked pixels back, encode, emit). A job's step cache (``step_cache``)
+is on for its pipeline calls only. It is synchronous and meant for a worker thread; result frames go to
+each item's ``emit`` as soon as they exist.
 
-Qwen-Image's pipeline returns latents and the service decodes them (``VaeCodec``: previews and edits
-decode and encode the same way); the other families' pipelines decode their own picture, so their
+Qwen-Image's pipelines return latents and the service decodes them (``VaeCodec``: previews and edits
+decode and encode the same way; a reference edit's pipeline encodes its pictures itself, under the shared
+VAE's lock, inside its ``denoise`` time); the other families' pipelines decode their own picture, so their
 ``denoise`` time holds the decode, and Z-Image's previews are decoded as its pipeline decodes
 (``ZImageLatents``; ``services.model_card``).
 
@@ -140,15 +141,21 @@ class Renderer:
         return [RenderCancelled() if item.cancel.is_set() else t for item, t in zip(items, timings, strict=True)]
 
     def _edit_inputs(self, job: RenderJob, timings: RenderTimings) -> tuple[PipelineKind, dict[str, Any]]:
-        """The pipeline a job runs and what it takes beyond the text-to-image call (an edit's latents)."""
+        """The pipeline a job runs and what it takes beyond the text-to-image call (an edit's latents, a reference
+        edit's pictures)."""
         edit = job.edit
         if edit is None:
             return "text_to_image", {}
         if not self.model.card.edits:
             raise ValueError(f"{self.model.card.family}: this DiT does not edit images")
+        if edit.strength is None:
+            # The pipeline VAE-encodes each picture itself at the 1024x1024 area (its card's ``vae_size``). The AR
+            # sends each picture at that size already, so the pipeline's resize is the identity (PIL returns a copy
+            # for an equal size) and the picture is encoded as the AR sized it.
+            return "reference_edit", {"image": list(edit.pictures)}
         started = time.perf_counter()
         vae = self._codec
-        pixels = vae.pixels(edit.image)
+        pixels = vae.pixels(edit.pictures[0])
         inputs: dict[str, Any] = {"image": vae.encode(pixels), "strength": edit.strength}
         kind: PipelineKind = "image_to_image"
         if edit.mask is not None:
@@ -229,9 +236,7 @@ class Renderer:
             if steps == 0:
                 result = self._codec.packed(inputs["image"])  # strength 0: the input's own latents, decoded
             else:
-                pipeline = self.model.new_pipeline(kind)
-                if preview_at:
-                    callback.record_start(pipeline)
+                pipeline = self._pipeline(kind, callback if preview_at else None)
                 seeds = [item.job.params.seed + image.index for image, item in images]
                 stages.enter_context(
                     step_cache(self.model.transformer, params.step_cache, self.metrics.step_cache_passes)
@@ -259,6 +264,15 @@ class Renderer:
         pictures: list[Output] = result
         return pictures
 
+    def _pipeline(self, kind: PipelineKind, previews: StepCallback | None) -> Pipeline:
+        """This run's own pipeline of ``kind``, keeping its start latents for ``previews`` where they are taken."""
+        pipeline = self.model.new_pipeline(kind)
+        if kind == "reference_edit":
+            self._codec.lock_encodes(pipeline)  # it encodes its pictures on the VAE other runs decode on
+        if previews is not None:
+            previews.record_start(pipeline)
+        return pipeline
+
     def _previews(self, round: _Round, step: int, clean: torch.Tensor) -> None:
         for row, image, item in round.present():
             started = time.perf_counter()
@@ -285,7 +299,7 @@ class Renderer:
         image = self.vae.decode(output, job.params.height, job.params.width)
         edit = job.edit
         if edit is not None and edit.mask is not None:
-            image = self._codec.pasted_back(image, edit.mask, edit.image)
+            image = self._codec.pasted_back(image, edit.mask, edit.pictures[0])
         return image
 
     @property

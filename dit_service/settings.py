@@ -106,6 +106,9 @@ class DitSettings(BaseSettings):
     max_buffer_bytes: Positive = Field(
         AssemblyCaps.max_bytes, description="Max bytes of rows and edit pixels one handoff may allocate."
     )
+    max_picture_pixels_per_handoff: Positive = Field(
+        8 << 20, description="Max width*height of an edit's pictures together (each also within max_pixels)."
+    )
     max_frame_header_bytes: Annotated[int, Field(ge=64)] = Field(
         FrameLimits.max_header_bytes, description="Max bytes of one frame's msgpack header."
     )
@@ -166,6 +169,7 @@ class DitSettings(BaseSettings):
             max_row_width=self.max_row_width,
             max_bytes=self.max_buffer_bytes,
             max_image_pixels=self.max_pixels,
+            max_edit_pixels=self.max_picture_pixels_per_handoff,
         )
 
     @property

@@ -32,6 +32,7 @@ from shared.diffusion import (
 )
 from shared.errors import InvalidDiffusionParams
 from shared.frame_types import NonNegInt, PosInt, WireModel
+from shared.frames import EditSpec
 from shared.row_recipe import RowRecipe
 
 # How a limit of several DiTs combines into what every one of them can do (``DiffusionLimits.common``):
@@ -89,14 +90,25 @@ class DiffusionLimits(WireModel):
     # [klein]'s); as its model card says. A DiT that predates them does both.
     max_partial_images: Annotated[NonNegInt, TIGHTEST_MAX] = MAX_PARTIAL_IMAGES
     edits: Annotated[bool, _every] = True
+    # What it draws from, as its model card says (absent from a DiT that predates them: Qwen-Image's): from text
+    # alone (an edit model's pipeline may not); the most pictures one edit gives (0: no edits; 1 where an edit starts
+    # from one picture); whether an edit may bring a mask (an inpaint pipeline); whether an edit takes a strength
+    # (img2img, inpaint) or takes none (a reference edit: the pipeline reads the pictures beside the rows).
+    text_to_image: Annotated[bool, _every] = True
+    max_edit_pictures: Annotated[NonNegInt, TIGHTEST_MAX] = 1
+    edit_mask: Annotated[bool, _every] = True
+    edit_strength: Annotated[bool, _every] = True
 
     @classmethod
     def common(cls, all_limits: Sequence[DiffusionLimits]) -> DiffusionLimits:
-        """What every one of these DiTs can do: each field merged by the rule it declares."""
+        """What every one of these DiTs can do: each field merged by the rule it declares; DiTs that disagree on
+        whether an edit takes a strength share no edit (each refuses the other's)."""
         merged = {}
         for name, field in cls.model_fields.items():
             rule = next(m for m in field.metadata if callable(m))
             merged[name] = rule([getattr(limits, name) for limits in all_limits])
+        if len({limits.edit_strength for limits in all_limits}) > 1:
+            merged |= {"edits": False, "max_edit_pictures": 0}
         return cls(**merged)
 
     def check_size(self, width: int, height: int) -> None:
@@ -147,6 +159,32 @@ class DiffusionLimits(WireModel):
         if params.output_format not in self.output_formats:
             raise InvalidDiffusionParams(
                 f"output_format {params.output_format!r} is not supported here", param="output_format"
+            )
+
+    def check_edit(self, edit: EditSpec | None) -> None:
+        """``InvalidDiffusionParams`` naming the public parameter unless this DiT draws from what ``edit`` gives
+        (None: text alone): as many pictures, a mask, a strength. The DiT checks every ``open`` with it."""
+        if edit is None:
+            if not self.text_to_image:
+                raise InvalidDiffusionParams(
+                    "this image model draws from pictures, not from text alone: send an image to edit", param="image"
+                )
+            return
+        if not self.edits:
+            raise InvalidDiffusionParams("this image model does not edit images", param="image")
+        if len(edit.pictures) > self.max_edit_pictures:
+            raise InvalidDiffusionParams(
+                f"{len(edit.pictures)} images: this image model edits at most {self.max_edit_pictures}", param="image"
+            )
+        if edit.mask and not self.edit_mask:
+            raise InvalidDiffusionParams("this image model takes no mask", param="mask")
+        if edit.strength is not None and not self.edit_strength:
+            raise InvalidDiffusionParams(
+                "this image model takes no strength: it reads the images beside the prompt", param="strength"
+            )
+        if edit.strength is None and self.edit_strength:
+            raise InvalidDiffusionParams(
+                "this image model edits from an image noised to a strength: give one", param="strength"
             )
 
 

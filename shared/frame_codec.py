@@ -26,9 +26,9 @@ from shared.errors import ChecksumMismatch, FrameTooLarge, HandoffError, Incompl
 from shared.frame_types import Buffer
 from shared.frames import (
     PIXEL_CHANNELS,
+    AnnouncedPixels,
     Frame,
     PayloadFrame,
-    PixelRole,
     PixelsFrame,
     RowsFrame,
     StreamName,
@@ -99,20 +99,19 @@ def encode_row_bytes(
     return frame, _with_payload(frame, payload)
 
 
-def encode_pixels(
-    request_id: str, role: PixelRole, height: int, width: int, payload: Buffer
-) -> tuple[PixelsFrame, list[Buffer]]:
-    """The ``pixels`` frame of one edit image (``height x width x channels`` uint8, row-major) and
-    its wire buffers ``[prefix, payload]``."""
+def encode_pixels(request_id: str, announced: AnnouncedPixels, payload: Buffer) -> tuple[PixelsFrame, list[Buffer]]:
+    """The ``pixels`` frame of one picture or mask an edit announced (``height x width x channels`` uint8, row-major)
+    and its wire buffers ``[prefix, payload]``."""
     data = memoryview(payload).cast("B")
     frame = PixelsFrame(
         request_id=request_id,
-        role=role,
-        shape=[height, width, PIXEL_CHANNELS[role]],
+        role=announced.role,
+        index=announced.index,
+        shape=list(announced.shape),
         checksum=payload_checksum(data),
     )
     if data.nbytes != frame.nbytes:
-        raise ValueError(f"{data.nbytes} bytes are not a {height}x{width} {role}")
+        raise ValueError(f"{data.nbytes} bytes are not {announced.role} {announced.index} of shape {frame.shape}")
     return frame, _with_payload(frame, data)
 
 
@@ -149,7 +148,7 @@ def decode_frame(data: Buffer) -> DecodedFrame:
     if isinstance(frame, PixelsFrame):
         _check_pixels(frame, len(payload))
         if payload_checksum(payload) != frame.checksum:
-            raise ChecksumMismatch(f"{frame.role} pixels: payload checksum mismatch")
+            raise ChecksumMismatch(f"{_payload_name(frame)}: payload checksum mismatch")
         return DecodedFrame(frame, pixels=payload)
     layout = check_layout(frame.dtype, frame.shape)
     rows = tensor_from_bytes(payload, layout)
@@ -357,10 +356,10 @@ def _check_pixels(frame: PixelsFrame, length: int) -> None:
     if frame.shape[2] != channels:
         raise ShapeMismatch(f"{frame.role} pixels have {channels} channel(s), the frame says {frame.shape[2]}")
     if frame.nbytes != length:
-        raise ShapeMismatch(f"{length} payload bytes do not hold {frame.role} pixels of shape {frame.shape}")
+        raise ShapeMismatch(f"{length} payload bytes do not hold {_payload_name(frame)} of shape {frame.shape}")
 
 
 def _payload_name(frame: PayloadFrame) -> str:
     if isinstance(frame, PixelsFrame):
-        return f"{frame.role} pixels"
+        return f"{frame.role} {frame.index} pixels"
     return f"rows [{frame.start}, {frame.start + frame.count})"

@@ -11,26 +11,32 @@ anything else bumps ``SCHEMA_VERSION``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, model_validator
+from pydantic import AfterValidator, Field, field_serializer, field_validator, model_validator
 
 from shared.diffusion import DiffusionParams
 from shared.errors import MalformedFrame, UnsupportedSchemaVersion
 from shared.frame_types import NonNegInt, PosInt, WireModel, model_of_kind
-from shared.row_recipe import MAX_LAYERS
+from shared.row_recipe import RowRecipe
 from shared.tensor_codec import TOKEN_ID_BYTES
 
 # Version 3 added image edits (``open.edit`` and the ``pixels`` frame); version 4 rows of several layers
-# (``open.layers`` for ``open.layer``); see HANDOFF_SPEC.md.
-SCHEMA_VERSION = 4
+# (``open.layers`` for ``open.layer``); version 5 the whole row recipe (``open.rows``), the row width under its own
+# name (``open.row_width``) and edits of several pictures, each at its own size; see HANDOFF_SPEC.md.
+SCHEMA_VERSION = 5
 
 StreamName = Literal["cond", "uncond"]
 # The public API's parameter each stream's text comes from: both services name it in their refusals.
 PUBLIC_PARAM: dict[StreamName, str] = {"cond": "prompt", "uncond": "negative_prompt"}
-# The images of an edit: the one edited (RGB) and its mask (one channel, 255 = repaint).
+# The images of an edit: its pictures (RGB) and its mask (one channel, 255 = repaint).
 PixelRole = Literal["image", "mask"]
 PIXEL_CHANNELS: dict[PixelRole, int] = {"image": 3, "mask": 1}
+# A pixels frame's place in its edit: its role and index (``PixelsFrame``).
+PixelsPlace = tuple[PixelRole, int]
+# Most pictures one edit may give on the wire (a DiT announces its own, fewer, ``limits.max_edit_pictures``).
+MAX_PICTURES = 16
 RequestId = Annotated[str, Field(min_length=1, max_length=128)]
 Checksum = Annotated[str, Field(pattern=r"^[0-9a-f]{16}$")]
 # W3C Trace Context: version-traceid-parentid-flags in lowercase hex; later versions may append fields.
@@ -68,21 +74,60 @@ class StreamSpec(WireModel):
         return self
 
 
-class EditSpec(WireModel):
-    """An image edit: the handoff carries the image to start from (and a mask) in ``pixels`` frames.
+class PictureSpec(WireModel):
+    """One picture of an edit, at its own size."""
 
-    Both are ``diffusion.height`` x ``diffusion.width``: the sender resizes them to the output size.
+    width: PosInt
+    height: PosInt
+
+
+@dataclass(frozen=True)
+class AnnouncedPixels:
+    """One ``pixels`` frame an edit announces: its role, its index (the picture's place in ``edit.pictures``; 0 for
+    the mask) and its ``[height, width, channels]``."""
+
+    role: PixelRole
+    index: int
+    shape: tuple[int, int, int]
+
+    @property
+    def nbytes(self) -> int:
+        height, width, channels = self.shape
+        return height * width * channels
+
+
+class EditSpec(WireModel):
+    """An image edit: the handoff carries its pictures (and a mask) in ``pixels`` frames, one per picture in order,
+    then the mask.
+
+    With a ``strength`` the DiT starts from the first picture noised to it (img2img; inpaint with a mask): the
+    sender sends it at the output size. Without one it is a reference edit: the family's pipeline reads every picture
+    beside the rows, each at its own size.
     """
 
-    # Fraction of the denoising schedule run from the noised input: 0 returns the input through
-    # the VAE, 1 starts from pure noise (inside the mask, with one).
-    strength: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
-    # A ``mask`` pixels frame follows: only its nonzero pixels are repainted.
+    pictures: Annotated[list[PictureSpec], Field(min_length=1, max_length=MAX_PICTURES)]
+    # Fraction of the denoising schedule run from the noised first picture: 0 returns it through the VAE, 1 starts
+    # from pure noise (inside the mask, with one). None: a reference edit, whose pipeline takes no strength.
+    strength: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)] | None = None
+    # A ``mask`` pixels frame follows, the size of the first picture: only its nonzero pixels are repainted.
     mask: bool = False
 
     @property
-    def roles(self) -> tuple[PixelRole, ...]:
-        return ("image", "mask") if self.mask else ("image",)
+    def announced(self) -> tuple[AnnouncedPixels, ...]:
+        """The ``pixels`` frames this edit announces, in the order they come."""
+        pictures = tuple(
+            AnnouncedPixels("image", index, (picture.height, picture.width, PIXEL_CHANNELS["image"]))
+            for index, picture in enumerate(self.pictures)
+        )
+        if not self.mask:
+            return pictures
+        first = self.pictures[0]
+        return (*pictures, AnnouncedPixels("mask", 0, (first.height, first.width, PIXEL_CHANNELS["mask"])))
+
+    @property
+    def pixels(self) -> int:
+        """Width x height of every picture together (the mask not counted)."""
+        return sum(picture.width * picture.height for picture in self.pictures)
 
 
 class OpenFrame(WireModel):
@@ -90,15 +135,12 @@ class OpenFrame(WireModel):
     v: int = SCHEMA_VERSION
     request_id: RequestId
     model: Annotated[str, Field(min_length=1, max_length=256)]
-    conditioning: Annotated[str, Field(min_length=1, max_length=64)]
     dtype: str
-    # The width of a row: the text encoder's width times the count of ``layers`` (the key ``hidden_size`` until the
-    # next schema version).
-    row_width: PosInt = Field(alias="hidden_size")
-    # The decoder layers each row holds side by side, in this order (``shared.row_recipe``). A DiT that knows the
-    # layers it was trained on refuses others.
-    layers: Annotated[list[NonNegInt], Field(min_length=1, max_length=MAX_LAYERS)]
-    final_norm: bool
+    # The width of a row: the text encoder's width times the count of ``rows.layers``.
+    row_width: PosInt
+    # How the rows were read from the AR's model (``shared.row_recipe``), its layers counted from the start. A DiT
+    # that knows how it was trained refuses any other recipe; it conditions on the rows ``rows.conditioning`` picks.
+    rows: RowRecipe
     # "cond" is required; "uncond" present means a CFG negative stream follows.
     streams: dict[StreamName, StreamSpec]
     diffusion: DiffusionParams
@@ -107,6 +149,20 @@ class OpenFrame(WireModel):
     traceparent: TraceParent | None = None
     # Present for an image edit (the ``pixels`` frames it announces follow); absent: text to image.
     edit: EditSpec | None = None
+
+    @field_validator("rows")
+    @classmethod
+    def _layers_from_the_start(cls, rows: RowRecipe) -> RowRecipe:
+        # A card may count layers from the end; the AR resolves them against its model before they travel.
+        if min(rows.layers) < 0:
+            raise ValueError(f"rows.layers {rows.layers} are counted from the start on the wire")
+        return rows
+
+    @field_serializer("rows")
+    def _every_recipe_field(self, rows: RowRecipe) -> dict[str, Any]:
+        # Every field travels, None included (frame_header leaves out the Nones of optional keys): a template of None
+        # (the tokenizer's chat template) left out would be read as the default, Qwen-Image's.
+        return rows.model_dump(mode="python")
 
 
 class RowsFrame(WireModel):
@@ -126,13 +182,15 @@ class RowsFrame(WireModel):
 
 
 class PixelsFrame(WireModel):
-    """One image of an edit: ``height x width x channels`` uint8 in ``data``, row-major, RGB for the
-    image and one channel for the mask. Exactly one per role ``open.edit`` announces."""
+    """One image of an edit: ``height x width x channels`` uint8 in ``data``, row-major, RGB for a picture and one
+    channel for the mask. One per picture ``open.edit`` announces, in order, then the mask."""
 
     kind: Literal["pixels"] = "pixels"
     v: int = SCHEMA_VERSION
     request_id: RequestId
     role: PixelRole
+    # The picture's place in ``open.edit.pictures``; 0 for the mask.
+    index: NonNegInt
     # [height, width, channels]
     shape: Annotated[list[PosInt], Field(min_length=3, max_length=3)]
     # xxh3-64 of this frame's payload (see checksum.py).

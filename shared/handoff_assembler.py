@@ -2,14 +2,16 @@
 
 ``HandoffAssembler`` enforces every ordering and consistency rule of HANDOFF_SPEC.md. Row memory
 (and an edit's pixel memory) is allocated once, from the ``open`` frame, after checking the declared
-sizes against the caps; rows land by index, pixels by role (each frame's payload checksum is checked
-as it lands, by the reader); ``close`` is accepted only when row counts, token ids and the stream
+sizes against the caps and letting the receiver refuse the ``open`` itself (``check_open``); rows land by
+index, an edit's pictures and mask in the order the ``open`` announced them (each frame's payload checksum
+is checked as it lands, by the reader); ``close`` is accepted only when row counts, token ids and the stream
 checksums agree and every announced image arrived.
 ``HandoffReceiver`` glues it to a ``FrameReader`` for a byte stream.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -33,12 +35,11 @@ from shared.errors import (
 from shared.frame_codec import FrameLimits, FrameReader
 from shared.frame_types import Buffer
 from shared.frames import (
-    PIXEL_CHANNELS,
     AbortFrame,
+    AnnouncedPixels,
     CloseFrame,
     Frame,
     OpenFrame,
-    PixelRole,
     PixelsFrame,
     RowsFrame,
     StreamName,
@@ -63,8 +64,10 @@ class AssemblyCaps:
     max_row_width: int = 16384
     # Rows and an edit's pixels together.
     max_bytes: int = 2 << 30
-    # Largest width x height of an edit's image (the DiT sets its own max_pixels here).
+    # Largest width x height of one picture of an edit (the DiT sets its own max_pixels here).
     max_image_pixels: int = 16 << 20
+    # Largest width x height of an edit's pictures together.
+    max_edit_pixels: int = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -77,9 +80,9 @@ class AssembledStream:
 
 @dataclass(frozen=True)
 class AssembledEdit:
-    strength: float
-    image: torch.Tensor  # [height, width, 3] uint8, RGB
-    mask: torch.Tensor | None  # [height, width, 1] uint8, nonzero = repaint
+    pictures: tuple[torch.Tensor, ...]  # each [height, width, 3] uint8, RGB, at its own size
+    mask: torch.Tensor | None  # [height, width, 1] uint8 (the first picture's size), nonzero = repaint
+    strength: float | None  # None: a reference edit
 
 
 @dataclass(frozen=True)
@@ -91,12 +94,12 @@ class AssembledHandoff:
 
 
 class _PixelBuffer:
-    """One edit image, owned by the handoff (never pooled: the render keeps it after release)."""
+    """One picture or mask of an edit, owned by the handoff (never pooled: the render keeps it after release)."""
 
-    def __init__(self, height: int, width: int, channels: int) -> None:
-        self.pixels = torch.empty((height, width, channels), dtype=torch.uint8)
+    def __init__(self, announced: AnnouncedPixels) -> None:
+        self.announced = announced
+        self.pixels = torch.empty(announced.shape, dtype=torch.uint8)
         self.bytes = byte_view(self.pixels)
-        self.landed = False
         self.received = False
 
 
@@ -117,15 +120,24 @@ class HandoffAssembler:
     """Validates and assembles one handoff.
 
     With a ``pool``, row memory is borrowed from it: the tensors of ``result()`` stay valid until
-    ``release()``, which the consumer calls once it has taken what it needs.
+    ``release()``, which the consumer calls once it has taken what it needs. ``check_open`` sees the ``open``
+    frame once it is within the caps, before anything is allocated: what it raises refuses the handoff.
     """
 
-    def __init__(self, caps: AssemblyCaps = AssemblyCaps(), pool: RowBufferPool | None = None) -> None:
+    def __init__(
+        self,
+        caps: AssemblyCaps = AssemblyCaps(),
+        pool: RowBufferPool | None = None,
+        check_open: Callable[[OpenFrame], None] | None = None,
+    ) -> None:
         self._caps = caps
         self._pool = pool
+        self._check_open = check_open
         self.open: OpenFrame | None = None
         self._streams: dict[StreamName, _StreamBuffer] = {}
-        self._pixels: dict[PixelRole, _PixelBuffer] = {}
+        # The edit's pictures, then its mask, in the order they must arrive; the first ``_landed`` of them have.
+        self._pixels: list[_PixelBuffer] = []
+        self._landed = 0
         self._result: AssembledHandoff | None = None
 
     @property
@@ -135,7 +147,7 @@ class HandoffAssembler:
     @property
     def allocated_bytes(self) -> int:
         rows = sum(s.raw.numel() for s in self._streams.values())
-        return rows + sum(p.pixels.numel() for p in self._pixels.values())
+        return rows + sum(p.pixels.numel() for p in self._pixels)
 
     def result(self) -> AssembledHandoff:
         if self._result is None:
@@ -149,6 +161,7 @@ class HandoffAssembler:
                 self._pool.release(stream.raw)
         self._streams.clear()
         self._pixels.clear()
+        self._landed = 0
         self._result = None
 
     def accept(self, frame: Frame) -> None:
@@ -172,7 +185,7 @@ class HandoffAssembler:
             # reader; keep it for close.
             self._streams[frame.stream].frame_checksums[frame.start] = frame.checksum
         elif isinstance(frame, PixelsFrame):
-            self._pixels[frame.role].received = True  # landed (``land_pixels``) and its checksum verified
+            self._pixels[self._landed - 1].received = True  # landed (``land_pixels``) and its checksum verified
         else:  # pragma: no cover - Frame is a closed union
             raise TypeError(type(frame))
 
@@ -204,23 +217,26 @@ class HandoffAssembler:
         return stream.bytes[frame.start * stream.row_bytes : end * stream.row_bytes]
 
     def land_pixels(self, frame: PixelsFrame) -> memoryview:
-        """Validate a pixels frame and return the buffer its payload fills."""
+        """Validate a pixels frame (the next the ``open`` announced) and return the buffer its payload fills."""
         if self._result is not None:
             raise FrameAfterClose("pixels frame after close")
         if self.open is None:
             raise FrameOutOfOrder("pixels frame before open")
         if frame.request_id != self.open.request_id:
             raise FrameOutOfOrder(f"frame for request {frame.request_id!r} in handoff {self.open.request_id!r}")
-        buffer = self._pixels.get(frame.role)
-        if buffer is None:
-            raise FrameOutOfOrder(f"a {frame.role} pixels frame the open frame did not announce (open.edit)")
-        if buffer.landed:
-            raise FrameOutOfOrder(f"a second {frame.role} pixels frame")
-        if tuple(frame.shape) != tuple(buffer.pixels.shape):
-            raise ShapeMismatch(
-                f"{frame.role} pixels of shape {frame.shape}, open declared {list(buffer.pixels.shape)}"
+        if self._landed == len(self._pixels):
+            raise FrameOutOfOrder(f"{frame.role} {frame.index} pixels past those the open frame announced (open.edit)")
+        buffer = self._pixels[self._landed]
+        expected = buffer.announced
+        if (frame.role, frame.index) != (expected.role, expected.index):
+            raise FrameOutOfOrder(
+                f"{frame.role} {frame.index} pixels where {expected.role} {expected.index} comes next (open.edit)"
             )
-        buffer.landed = True
+        if tuple(frame.shape) != expected.shape:
+            raise ShapeMismatch(
+                f"{frame.role} {frame.index} pixels of shape {frame.shape}, open declared {list(expected.shape)}"
+            )
+        self._landed += 1
         return buffer.bytes
 
     def _open(self, frame: OpenFrame) -> None:
@@ -241,20 +257,33 @@ class HandoffAssembler:
             if spec.prompt_tokens > spec.max_rows + 1:
                 raise RowsOutOfBounds(f"{name}: prompt of {spec.prompt_tokens} tokens cannot fit {spec.max_rows} rows")
             total += spec.max_rows * frame.row_width * itemsize
-        height, width = frame.diffusion.height, frame.diffusion.width
-        roles = frame.edit.roles if frame.edit is not None else ()
-        if roles and height * width > caps.max_image_pixels:
-            raise AllocationTooLarge(f"an edit of {width}x{height} pixels over the cap {caps.max_image_pixels}")
-        total += sum(height * width * PIXEL_CHANNELS[role] for role in roles)
+        announced = frame.edit.announced if frame.edit is not None else ()
+        self._check_edit_caps(frame)
+        total += sum(pixels.nbytes for pixels in announced)
         if total > caps.max_bytes:
             raise AllocationTooLarge(f"{total} bytes of rows and pixels over the cap {caps.max_bytes}")
+        if self._check_open is not None:
+            self._check_open(frame)
         dtype = ALLOWED_DTYPES[frame.dtype]
         self._streams = {
             name: _StreamBuffer(spec.max_rows, frame.row_width, dtype, self._pool)
             for name, spec in frame.streams.items()
         }
-        self._pixels = {role: _PixelBuffer(height, width, PIXEL_CHANNELS[role]) for role in roles}
+        self._pixels = [_PixelBuffer(pixels) for pixels in announced]
         self.open = frame
+
+    def _check_edit_caps(self, frame: OpenFrame) -> None:
+        """Each picture within the per-picture cap, and all of them within the per-edit one."""
+        edit, caps = frame.edit, self._caps
+        if edit is None:
+            return
+        for index, picture in enumerate(edit.pictures):
+            if picture.width * picture.height > caps.max_image_pixels:
+                raise AllocationTooLarge(
+                    f"picture {index} of {picture.width}x{picture.height} pixels over the cap {caps.max_image_pixels}"
+                )
+        if edit.pixels > caps.max_edit_pixels:
+            raise AllocationTooLarge(f"{edit.pixels} pixels of pictures over the cap {caps.max_edit_pixels}")
 
     def _close(self, frame: CloseFrame) -> None:
         opened = self.open
@@ -273,15 +302,12 @@ class HandoffAssembler:
     def _close_edit(self, opened: OpenFrame) -> AssembledEdit | None:
         if opened.edit is None:
             return None
-        missing = [role for role, buffer in self._pixels.items() if not buffer.received]
+        missing = [f"{p.announced.role} {p.announced.index}" for p in self._pixels if not p.received]
         if missing:
-            raise MissingPixels(f"close before the edit's {' and '.join(missing)} pixels arrived")
-        mask = self._pixels.get("mask")
-        return AssembledEdit(
-            strength=opened.edit.strength,
-            image=self._pixels["image"].pixels,
-            mask=mask.pixels if mask is not None else None,
-        )
+            raise MissingPixels(f"close before the edit's {', '.join(missing)} pixels arrived")
+        pictures = tuple(p.pixels for p in self._pixels if p.announced.role == "image")
+        mask = next((p.pixels for p in self._pixels if p.announced.role == "mask"), None)
+        return AssembledEdit(pictures=pictures, mask=mask, strength=opened.edit.strength)
 
     @staticmethod
     def _close_stream(
@@ -316,8 +342,9 @@ class HandoffReceiver:
         caps: AssemblyCaps = AssemblyCaps(),
         limits: FrameLimits = FrameLimits(),  # noqa: B008 - a frozen dataclass, safe to share
         pool: RowBufferPool | None = None,
+        check_open: Callable[[OpenFrame], None] | None = None,
     ) -> None:
-        self.assembler = HandoffAssembler(caps, pool)
+        self.assembler = HandoffAssembler(caps, pool, check_open)
         self.reader = FrameReader(self.assembler, limits)
 
     def feed(self, chunk: Buffer) -> None:

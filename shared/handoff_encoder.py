@@ -32,13 +32,14 @@ class HandoffEncoder:
     def open_frame(self) -> list[Buffer]:
         return [encode_frame(self.open)]
 
-    def pixels(self, role: PixelRole, payload: Buffer) -> list[Buffer]:
-        """The wire buffers of an edit's ``image`` or ``mask`` (at the output size, uint8 row-major)."""
+    def pixels(self, role: PixelRole, index: int, payload: Buffer) -> list[Buffer]:
+        """The wire buffers of an edit's picture ``index`` or (``mask``, 0) its mask, at the size ``open.edit``
+        announced it at (uint8, row-major)."""
         edit = self.open.edit
-        if edit is None or role not in edit.roles:
-            raise ValueError(f"the handoff was not opened with an edit {role}")
-        diffusion = self.open.diffusion
-        _, wire = encode_pixels(self.open.request_id, role, diffusion.height, diffusion.width, payload)
+        announced = {(a.role, a.index): a for a in edit.announced} if edit is not None else {}
+        if (role, index) not in announced:
+            raise ValueError(f"the handoff was not opened with an edit {role} {index}")
+        _, wire = encode_pixels(self.open.request_id, announced[role, index], payload)
         return wire
 
     def rows(self, stream: StreamName, start: int, token_ids: list[int], rows: torch.Tensor) -> list[Buffer]:

@@ -14,7 +14,6 @@ its text encoder (``resolved``): what is announced and captured is absolute.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Annotated
 
 from pydantic import Field
@@ -63,18 +62,12 @@ class RowRecipe(WireModel):
             raise ValueError(f"layers {missing}: the text encoder has {num_layers} layers")
         return self.model_copy(update={"layers": layers})
 
-    def differences(self, other: RowRecipe, fields: Iterable[str] | None = None) -> dict[str, str]:
-        """How ``other`` reads rows otherwise than this recipe, on ``fields`` (None: all of them): a phrase for each
-        field that differs, by its name (empty: the same rows). The one comparison of two recipes, on both sides
-        of the handoff: the AR against a DiT's announcement, a DiT against an ``open`` frame (``OPEN_FRAME_FIELDS``)."""
-        names = type(self).model_fields if fields is None else fields
+    def differences(self, other: RowRecipe) -> dict[str, str]:
+        """How ``other`` reads rows otherwise than this recipe: a phrase for each field that differs, by its name
+        (empty: the same rows). The one comparison of two recipes, on both sides of the handoff: the AR against a
+        DiT's announcement, a DiT against an ``open`` frame's ``rows``."""
         return {
             name: f"{name} {getattr(other, name)!r} (not {getattr(self, name)!r})"
-            for name in names
+            for name in type(self).model_fields
             if getattr(other, name) != getattr(self, name)
         }
-
-
-# The fields of a recipe that an ``open`` frame carries (schema 4); from the next schema version it carries the whole
-# recipe.
-OPEN_FRAME_FIELDS = ("layers", "final_norm", "conditioning")

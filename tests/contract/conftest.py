@@ -7,6 +7,7 @@ import torch
 from shared.diffusion import DiffusionParams
 from shared.frames import OpenFrame, StreamName, StreamSpec
 from shared.handoff_encoder import HandoffEncoder
+from shared.row_recipe import RowRecipe
 
 
 def make_open(
@@ -18,11 +19,9 @@ def make_open(
     return OpenFrame(
         request_id="req_test",
         model="test-model",
-        conditioning="qwen_image",
         dtype=dtype,
         row_width=hidden,
-        layers=[30],
-        final_norm=True,
+        rows=RowRecipe(layers=[30]),
         streams=streams,
         diffusion=DiffusionParams(width=64, height=64, num_inference_steps=2, guidance_scale=1.0, seed=0),
     )

@@ -1,9 +1,11 @@
-"""The golden handoff: a small fixed stream whose bytes are committed under golden/.
+"""The golden handoffs: small fixed streams whose bytes are committed under golden/.
 
 The test re-encodes these frames and compares byte for byte, so any change to the wire format
-shows up as a failing test. One stream per row dtype (text to image, with CFG; bfloat16's rows hold two layers
-side by side, 2 wide each, as FLUX.2 [klein]'s hold three), and one image edit (open.edit, the image and mask
-pixels frames, and a step cache). Regenerate only on purpose (a schema change), with:
+shows up as a failing test. One stream per row dtype (text to image, with CFG; float32's and float16's rows are
+Qwen-Image's recipe, bfloat16's hold two layers side by side, 2 wide each, read by a chat template as FLUX.2
+[klein]'s hold three), one image edit (open.edit with a strength, the picture and mask pixels frames, and a step
+cache) and one reference edit (two pictures, each at its own size, no strength). Regenerate only on purpose (a schema
+change), with:
 
     python -m tests.contract.golden_frames --write
 """
@@ -11,17 +13,32 @@ pixels frames, and a step cache). Regenerate only on purpose (a schema change), 
 from __future__ import annotations
 
 import argparse
+import functools
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from shared.diffusion import DiffusionParams, FirstBlockCache
 from shared.frame_types import Buffer
-from shared.frames import EditSpec, OpenFrame, StreamSpec
+from shared.frames import EditSpec, OpenFrame, PictureSpec, StreamSpec
 from shared.handoff_encoder import HandoffEncoder
+from shared.row_recipe import RowRecipe
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
+ROW_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 HIDDEN = 4
+# The recipe of the rows of every golden but bfloat16's: Qwen-Image's, at layer 30.
+QWEN_IMAGE_ROWS = RowRecipe(layers=[30])
+# bfloat16's: two layers side by side, before the norm, by the tokenizer's chat template (a template of None travels).
+TWO_LAYER_ROWS = RowRecipe(
+    layers=[14, 28],
+    final_norm=False,
+    template=None,
+    chat_template_kwargs={"enable_thinking": False},
+    drops_template=False,
+    conditioning="every_row",
+)
 
 
 def golden_rows(dtype: torch.dtype, n: int, offset: int = 0) -> torch.Tensor:
@@ -32,16 +49,12 @@ def golden_rows(dtype: torch.dtype, n: int, offset: int = 0) -> torch.Tensor:
 
 def golden_stream(dtype: torch.dtype) -> list[list[Buffer]]:
     """open, rows (cond, 2 frames), rows (uncond), close — one list of buffers per frame group."""
-    wire = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}[dtype]
-    layers = [14, 28] if dtype == torch.bfloat16 else [30]
     open_frame = OpenFrame(
         request_id="req_golden",
         model="smollm2-135m-instruct",
-        conditioning="qwen_image",
-        dtype=wire,
+        dtype=dtype_name(dtype),
         row_width=HIDDEN,
-        layers=layers,
-        final_norm=len(layers) == 1,
+        rows=TWO_LAYER_ROWS if dtype == torch.bfloat16 else QWEN_IMAGE_ROWS,
         streams={
             "cond": StreamSpec(prompt_tokens=3, max_rows=4, prefix_tokens=1),
             "uncond": StreamSpec(prompt_tokens=2, max_rows=2, prefix_tokens=1),
@@ -66,44 +79,40 @@ def golden_stream(dtype: torch.dtype) -> list[list[Buffer]]:
     ]
 
 
-# The edit golden's image: 2 x 4 pixels.
+# The edit golden's picture: 2 x 4 pixels, at the output size.
 EDIT_HEIGHT, EDIT_WIDTH = 2, 4
+# The reference edit golden's pictures, (width, height) each: the first 4 x 2, the second 2 x 3.
+REFERENCE_SIZES = ((4, 2), (2, 3))
+
+
+def golden_picture(width: int, height: int, step: int = 9) -> bytes:
+    """A picture's RGB bytes: 0, step, 2 step, ..."""
+    return bytes(range(0, step * height * width * 3, step))
 
 
 def golden_edit_pixels() -> tuple[bytes, bytes]:
-    """The edit golden's image (RGB, values 0, 9, 18, ...) and mask (the right half repainted)."""
-    image = bytes(range(0, 9 * EDIT_HEIGHT * EDIT_WIDTH * 3, 9))
+    """The edit golden's picture (RGB, values 0, 9, 18, ...) and mask (the right half repainted)."""
     mask = bytes([0, 0, 255, 255] * EDIT_HEIGHT)
-    return image, mask
+    return golden_picture(EDIT_WIDTH, EDIT_HEIGHT), mask
 
 
-def golden_edit_stream() -> list[list[Buffer]]:
-    """open (with edit), pixels (image, mask), rows (cond), close."""
-    open_frame = OpenFrame(
-        request_id="req_golden_edit",
+def edit_open(request_id: str, edit: EditSpec, width: int, height: int, **diffusion: object) -> OpenFrame:
+    return OpenFrame(
+        request_id=request_id,
         model="smollm2-135m-instruct",
-        conditioning="qwen_image",
         dtype="float32",
         row_width=HIDDEN,
-        layers=[30],
-        final_norm=True,
+        rows=QWEN_IMAGE_ROWS,
         streams={"cond": StreamSpec(prompt_tokens=3, max_rows=3, prefix_tokens=1)},
-        diffusion=DiffusionParams(
-            width=EDIT_WIDTH,
-            height=EDIT_HEIGHT,
-            num_inference_steps=4,
-            guidance_scale=1.0,
-            seed=7,
-            step_cache=FirstBlockCache(method="first_block", threshold=0.125),
+        diffusion=DiffusionParams.model_validate(
+            {"width": width, "height": height, "num_inference_steps": 4, "guidance_scale": 1.0, "seed": 7, **diffusion}
         ),
-        edit=EditSpec(strength=0.5, mask=True),
+        edit=edit,
     )
-    enc = HandoffEncoder(open_frame)
-    image, mask = golden_edit_pixels()
+
+
+def rows_and_close(enc: HandoffEncoder) -> list[list[Buffer]]:
     return [
-        enc.open_frame(),
-        enc.pixels("image", image),
-        enc.pixels("mask", mask),
         enc.rows("cond", 0, [11, 12, 13], golden_rows(torch.float32, 3)),
         enc.close(
             token_ids={"cond": [11, 12, 13, 14]},
@@ -114,14 +123,41 @@ def golden_edit_stream() -> list[list[Buffer]]:
     ]
 
 
-def golden_bytes(dtype: torch.dtype | None) -> bytes:
-    """A row dtype's stream, or (None) the edit's."""
-    stream = golden_edit_stream() if dtype is None else golden_stream(dtype)
-    return b"".join(bytes(buf) for group in stream for buf in group)
+def golden_edit_stream() -> list[list[Buffer]]:
+    """open (with an edit of one picture, a strength and a mask), pixels (picture 0, mask), rows (cond), close."""
+    edit = EditSpec(pictures=[PictureSpec(width=EDIT_WIDTH, height=EDIT_HEIGHT)], strength=0.5, mask=True)
+    step_cache = FirstBlockCache(method="first_block", threshold=0.125)
+    enc = HandoffEncoder(edit_open("req_golden_edit", edit, EDIT_WIDTH, EDIT_HEIGHT, step_cache=step_cache))
+    picture, mask = golden_edit_pixels()
+    return [enc.open_frame(), enc.pixels("image", 0, picture), enc.pixels("mask", 0, mask), *rows_and_close(enc)]
 
 
-def golden_path(dtype: torch.dtype | None) -> Path:
-    name = "edit" if dtype is None else str(dtype).removeprefix("torch.")
+def golden_reference_edit_stream() -> list[list[Buffer]]:
+    """open (with a reference edit of two pictures of their own sizes, no strength), pixels (pictures 0 and 1), rows
+    (cond), close."""
+    edit = EditSpec(pictures=[PictureSpec(width=w, height=h) for w, h in REFERENCE_SIZES])
+    enc = HandoffEncoder(edit_open("req_golden_reference_edit", edit, 32, 16))
+    pictures = [enc.pixels("image", i, golden_picture(w, h, step=i + 5)) for i, (w, h) in enumerate(REFERENCE_SIZES)]
+    return [enc.open_frame(), *pictures, *rows_and_close(enc)]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+GOLDEN_STREAMS: dict[str, Callable[[], list[list[Buffer]]]] = {
+    **{dtype_name(dtype): functools.partial(golden_stream, dtype) for dtype in ROW_DTYPES},
+    "edit": golden_edit_stream,
+    "reference_edit": golden_reference_edit_stream,
+}
+
+
+def golden_bytes(name: str) -> bytes:
+    """The golden stream of that name: a row dtype's, ``edit`` or ``reference_edit``."""
+    return b"".join(bytes(buf) for group in GOLDEN_STREAMS[name]() for buf in group)
+
+
+def golden_path(name: str) -> Path:
     return GOLDEN_DIR / f"handoff_{name}.msgpack"
 
 
@@ -129,8 +165,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--write", action="store_true", help="overwrite the committed golden files")
     args = parser.parse_args()
-    for dtype in (torch.bfloat16, torch.float16, torch.float32, None):
-        data = golden_bytes(dtype)
+    for name in GOLDEN_STREAMS:
+        data = golden_bytes(name)
         if args.write:
-            golden_path(dtype).write_bytes(data)
-        print(golden_path(dtype).name, len(data), "bytes")
+            golden_path(name).write_bytes(data)
+        print(golden_path(name).name, len(data), "bytes")

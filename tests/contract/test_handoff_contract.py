@@ -14,9 +14,10 @@ from shared.frame_codec import FrameLimits, decode_frame, encode_rows
 from shared.frames import SCHEMA_VERSION, StreamName, frame_header
 from shared.handoff_assembler import AssemblyCaps, HandoffReceiver
 from shared.handoff_encoder import HandoffEncoder
+from shared.row_recipe import RowRecipe
 from shared.tensor_codec import tensor_bytes, token_ids_to_bytes
 from tests.contract.conftest import join, make_open, raw
-from tests.contract.golden_frames import HIDDEN, golden_bytes, golden_path, golden_rows
+from tests.contract.golden_frames import HIDDEN, dtype_name, golden_bytes, golden_path, golden_rows
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
@@ -41,14 +42,14 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_encoder_reproduces_golden_bytes(dtype):
-    assert golden_bytes(dtype) == golden_path(dtype).read_bytes()
+    assert golden_bytes(dtype_name(dtype)) == golden_path(dtype_name(dtype)).read_bytes()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_golden_decodes_with_generic_msgpack(dtype):
     """No ardit code: a stock streaming msgpack decoder sees five self-describing maps."""
     unpacker = msgpack.Unpacker(raw=False)
-    unpacker.feed(golden_path(dtype).read_bytes())
+    unpacker.feed(golden_path(dtype_name(dtype)).read_bytes())
     frames = list(unpacker)
     assert [f["kind"] for f in frames] == ["open", "rows", "rows", "rows", "close"]
     assert all(f["v"] == SCHEMA_VERSION for f in frames)
@@ -64,7 +65,7 @@ def test_golden_decodes_with_generic_msgpack(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_golden_assembles(dtype):
-    handoff = receive(golden_path(dtype).read_bytes(), chunk=5)
+    handoff = receive(golden_path(dtype_name(dtype)).read_bytes(), chunk=5)
     assert torch.equal(bits(handoff.streams["cond"].rows), bits(golden_rows(dtype, 4)))
     assert torch.equal(bits(handoff.streams["uncond"].rows), bits(golden_rows(dtype, 2, offset=100)))
     assert handoff.streams["cond"].token_ids == [11, 12, 13, 14, 15]
@@ -206,7 +207,7 @@ def test_reject_shape_byte_length_mismatch(encoder):
     expect(errors.ShapeMismatch, join(encoder.open_frame()) + raw(header))
 
 
-def test_reject_shape_not_matching_hidden_size(encoder):
+def test_reject_shape_not_matching_row_width(encoder):
     header = {
         "v": SCHEMA_VERSION,
         "kind": "rows",
@@ -398,8 +399,40 @@ def test_reject_data_not_last(encoder):
 
 
 def test_reject_wrong_field_type():
-    bad = make_open().model_dump() | {"hidden_size": "8"}
+    bad = make_open().model_dump() | {"row_width": "8"}
     expect(errors.MalformedFrame, raw(bad))
+
+
+def test_the_row_width_travels_under_its_own_name_beside_the_whole_row_recipe():
+    header = frame_header(make_open())
+    assert header["row_width"] == 8 and "hidden_size" not in header
+    assert not {"layers", "final_norm", "conditioning"} & header.keys()
+    assert header["rows"] == RowRecipe(layers=[30]).model_dump()
+
+
+def test_a_chat_template_recipe_arrives_as_sent_its_template_of_none_included():
+    recipe = RowRecipe(
+        layers=[9, 18, 27],
+        final_norm=False,
+        template=None,
+        chat_template_kwargs={"enable_thinking": False},
+        drops_template=False,
+        conditioning="every_row",
+    )
+    receiver = HandoffReceiver()
+    receiver.feed(join(HandoffEncoder(make_open().model_copy(update={"rows": recipe})).open_frame()))
+    assert receiver.assembler.open is not None and receiver.assembler.open.rows == recipe
+
+
+def test_reject_a_version_4_open_frame():
+    v4 = make_open().model_dump(exclude={"rows", "row_width"}) | {
+        "v": 4,
+        "hidden_size": 8,
+        "layers": [30],
+        "final_norm": True,
+        "conditioning": "qwen_image",
+    }
+    expect(errors.UnsupportedSchemaVersion, raw(v4))
 
 
 def test_prefix_tokens_travel_in_open_and_are_optional_on_the_wire(encoder, rows):
@@ -472,7 +505,9 @@ def test_reject_rows_frame_without_data():
     ids=["none", "past-eight", "negative", "float", "a-bare-int", "null"],
 )
 def test_reject_an_open_whose_layers_are_not_one_to_eight_layer_numbers(layers):
-    bad = make_open().model_dump() | {"layers": layers}
+    """Counted from the start too: a card counts layers from the end, the AR resolves them before they travel."""
+    bad = make_open().model_dump()
+    bad["rows"]["layers"] = layers
     expect(errors.MalformedFrame, raw(bad))
 
 

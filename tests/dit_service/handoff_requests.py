@@ -12,9 +12,10 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from shared.diffusion import DiffusionParams
-from shared.frames import OpenFrame, StreamName, StreamSpec
+from shared.frames import EditSpec, OpenFrame, StreamName, StreamSpec
 from shared.handoff_encoder import HandoffEncoder
 from shared.result_frames import HANDOFF_MEDIA_TYPE, ImageFrame, PartialImageFrame, ResultFrame, ResultReader
+from shared.row_recipe import RowRecipe
 
 HIDDEN = 576
 TOKEN = "test-handoff-token"
@@ -49,7 +50,10 @@ def open_frame(
     request_id: str = "req_test",
     prefix_tokens: int | None = 0,
     traceparent: str | None = None,
+    rows: RowRecipe | None = None,
+    edit: EditSpec | None = None,
 ) -> OpenFrame:
+    """The open frame of a handoff: rows read by Qwen-Image's recipe at ``layers`` (or by ``rows``)."""
     streams: dict[StreamName, StreamSpec] = {
         "cond": StreamSpec(prompt_tokens=cond_rows, max_rows=max_rows or cond_rows, prefix_tokens=prefix_tokens)
     }
@@ -60,14 +64,13 @@ def open_frame(
     return OpenFrame(
         request_id=request_id,
         model=model,
-        conditioning=conditioning,
         dtype=dtype,
         row_width=hidden,
-        layers=list(layers),
-        final_norm=final_norm,
+        rows=rows or RowRecipe(layers=list(layers), final_norm=final_norm, conditioning=conditioning),
         streams=streams,
         diffusion=diffusion or params(),
         traceparent=traceparent,
+        edit=edit,
     )
 
 

@@ -10,7 +10,7 @@ import torch
 from dit_service.capabilities import dit_capabilities
 from dit_service.model import ModelFacts
 from dit_service.settings import DitSettings
-from services.model_card import PUBLISHED, QWEN_IMAGE, ModelCard
+from services.model_card import PUBLISHED, QWEN_IMAGE, QWEN_IMAGE_EDIT_PLUS, ModelCard
 from shared.diffusion import FirstBlockCache
 from shared.row_recipe import RowRecipe
 
@@ -88,6 +88,24 @@ def test_the_cards_row_recipe_is_announced_and_a_card_without_one_announces_none
     rows = RowRecipe(layers=[9, 18, 27], final_norm=False, template=None, conditioning="every_row")
     assert dit_capabilities(DitSettings(), model(published(rows=rows))).rows == rows
     assert dit_capabilities(DitSettings(), model()).rows is None
+
+
+@pytest.mark.parametrize(
+    ("card", "announced"),
+    [(QWEN_IMAGE, (True, True, 1, True, True)), (QWEN_IMAGE_EDIT_PLUS, (False, True, 3, False, False))],
+    ids=["qwen_image", "qwen_image_edit_plus"],
+)
+def test_what_the_family_draws_from_is_announced_as_its_card_says(card, announced):
+    """Qwen-Image: text, or one picture noised to a strength (a mask too); Qwen-Image-Edit: up to three pictures beside
+    the rows, no strength, no mask, nothing from text alone."""
+    limits = dit_capabilities(DitSettings(), model(card)).limits
+    assert (
+        limits.text_to_image,
+        limits.edits,
+        limits.max_edit_pictures,
+        limits.edit_mask,
+        limits.edit_strength,
+    ) == announced
 
 
 def test_a_model_without_listed_sizes_announces_none():

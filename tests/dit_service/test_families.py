@@ -308,7 +308,7 @@ def test_a_batched_z_image_picture_is_the_picture_rendered_alone(models):
 @FAMILIES
 def test_an_edit_is_refused_where_the_pipeline_decodes_its_own_picture(models, family):
     runner, rows = renderer(models, family), conditioning(some_rows(models[family.model]))
-    edit = EditInput(Image.new("RGB", (SIZE, SIZE)), None, 0.5)
+    edit = EditInput((Image.new("RGB", (SIZE, SIZE)),), None, 0.5)
     with pytest.raises(ValueError, match="does not edit images"):
         frames_of(runner, RenderJob("r", rows, params(family), edit))
 

@@ -16,7 +16,7 @@ from dit_service.app import create_dit_app
 from dit_service.settings import DitSettings
 from shared.diffusion import MAX_SEED
 from shared.frame_codec import encode_frame, encode_rows
-from shared.frames import SCHEMA_VERSION, CloseFrame, EditSpec, StreamTotals, frame_header
+from shared.frames import SCHEMA_VERSION, CloseFrame, EditSpec, PictureSpec, StreamTotals, frame_header
 from shared.handoff_encoder import HandoffEncoder
 from shared.result_frames import DoneFrame
 from shared.tensor_codec import token_ids_to_bytes
@@ -83,15 +83,19 @@ def test_out_of_order_row_frames_assemble_to_the_same_image(dit_server):
     assert in_order.images[0].data == reversed_.images[0].data
 
 
-def edit_handoff(*, mask: bool, send_mask: bool = True, width: int = 32, height: int = 32) -> list[bytes]:
-    """An edit as the AR sends it: open (with edit), the image and mask pixels, rows, close."""
-    opened = open_frame(ROWS, diffusion=params(width=width, height=height)).model_copy(
-        update={"edit": EditSpec(strength=0.75, mask=mask)}
-    )
-    encoder = HandoffEncoder(opened)
-    parts = list(encoder.open_frame()) + encoder.pixels("image", bytes(range(256)) * (width * height * 3 // 256))
+def edit_handoff(
+    *, mask: bool, send_mask: bool = True, width: int = 32, height: int = 32, edit: EditSpec | None = None
+) -> list[bytes]:
+    """An edit as the AR sends it: open (with edit: one picture at the output size and a strength, or ``edit``), the
+    pictures' and the mask's pixels, rows, close."""
+    picture = PictureSpec(width=width, height=height)
+    edit = edit or EditSpec(pictures=[picture], strength=0.75, mask=mask)
+    encoder = HandoffEncoder(open_frame(ROWS, diffusion=params(width=width, height=height), edit=edit))
+    parts = list(encoder.open_frame())
+    for index, sent in enumerate(edit.pictures):
+        parts += encoder.pixels("image", index, bytes(range(256)) * (sent.width * sent.height * 3 // 256))
     if mask and send_mask:
-        parts += encoder.pixels("mask", bytes([0, 255]) * (width * height // 2))
+        parts += encoder.pixels("mask", 0, bytes([0, 255]) * (width * height // 2))
     parts += encoder.rows("cond", 0, token_ids(ROWS), hidden_rows(ROWS))
     parts += encoder.close({"cond": token_ids(ROWS)}, {"cond": ROWS}, cached_tokens=0, cache_creation_tokens=0)
     return [bytes(p) for p in parts]
@@ -111,14 +115,28 @@ def test_an_edit_without_its_announced_mask_is_refused_and_releases_memory(dit_s
     assert_released(dit_server.url)
 
 
-def test_an_edit_over_the_pixel_limit_allocates_nothing(dit_server):
-    # The DiT's max_pixels caps an edit's image before any pixel memory exists.
+def test_a_picture_over_the_pixel_limit_allocates_nothing(dit_server):
+    # The DiT's max_pixels caps each picture of an edit before any pixel memory exists.
     side = int(DitSettings().max_pixels ** 0.5) + 16
-    opened = open_frame(ROWS, diffusion=params(width=side, height=side)).model_copy(
-        update={"edit": EditSpec(strength=0.5)}
-    )
+    edit = EditSpec(pictures=[PictureSpec(width=side, height=side)], strength=0.5)
+    opened = open_frame(ROWS, edit=edit)
     answer = post_handoff(dit_server.url, [bytes(p) for p in HandoffEncoder(opened).open_frame()])
     assert answer.status == 413 and answer.refusal["code"] == "allocation_too_large"
+    assert_released(dit_server.url)
+
+
+@pytest.mark.parametrize(
+    ("pictures", "strength", "param"), [(2, 0.5, "image"), (1, None, "strength")], ids=["two-pictures", "no-strength"]
+)
+def test_an_edit_qwen_image_cannot_draw_is_refused_at_open_before_its_pixels(dit_server, pictures, strength, param):
+    """Qwen-Image's img2img starts from one picture noised to a strength: two pictures, or none, are refused when
+    ``open`` arrives, before a pixel lands (none is counted as received)."""
+    received = metric(dit_server.url, "ardit_dit_handoff_received_frames_total")
+    edit = EditSpec(pictures=[PictureSpec(width=32, height=32)] * pictures, strength=strength)
+    answer = post_handoff(dit_server.url, edit_handoff(mask=False, edit=edit))
+    assert answer.status == 422 and answer.refusal["code"] == "invalid_diffusion_params"
+    assert answer.refusal["param"] == param
+    assert metric(dit_server.url, "ardit_dit_handoff_received_frames_total") == received + 1  # the open frame
     assert_released(dit_server.url)
 
 
@@ -299,12 +317,12 @@ def test_contract_violation_is_a_typed_4xx_and_releases_memory(dit_server, make_
 @pytest.mark.parametrize(
     "open_options, param",
     [
-        ({"hidden": 64}, "hidden_size"),
+        ({"hidden": 64}, "row_width"),
         ({"conditioning": "telepathy"}, "conditioning"),
         ({"model": "some-other-llm"}, "model"),
         ({"prefix_tokens": None}, "prompt"),
     ],
-    ids=["hidden_size", "conditioning", "model", "no_prefix_tokens"],
+    ids=["row_width", "conditioning", "model", "no_prefix_tokens"],
 )
 def test_conditioning_mismatch_is_refused_at_open(dit_server, open_options, param):
     hidden = open_options.get("hidden", HIDDEN)

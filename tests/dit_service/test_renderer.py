@@ -237,7 +237,7 @@ def edit_job(edit: EditInput, **overrides) -> RenderJob:
 @pytest.mark.parametrize("masked", [False, True], ids=["img2img", "inpaint"])
 def test_edits_are_bitwise_those_of_plain_diffusers_edit_pipelines(runner, reference_pipeline, masked):
     mask = edit_mask() if masked else None
-    [frame] = render(runner, edit_job(EditInput(edit_image(), mask, 0.5)))
+    [frame] = render(runner, edit_job(EditInput((edit_image(),), mask, 0.5)))
     components = {name: getattr(reference_pipeline, name) for name in ("vae", "transformer", "scheduler")}
     kind = QwenImageInpaintPipeline if masked else QwenImageImg2ImgPipeline
     # diffusers annotates text_encoder/tokenizer as required, but None is how a pipeline runs without them.
@@ -272,7 +272,7 @@ def test_strength_zero_runs_no_step_and_returns_the_vae_round_trip(runner, refer
     steps_run = []
     hook = tiny_model.transformer.register_forward_hook(lambda *_: steps_run.append(1))
     try:
-        [frame] = render(runner, edit_job(EditInput(edit_image(), None, 0.0)))
+        [frame] = render(runner, edit_job(EditInput((edit_image(),), None, 0.0)))
     finally:
         hook.remove()
     assert steps_run == []
@@ -289,13 +289,13 @@ def test_strength_zero_runs_no_step_and_returns_the_vae_round_trip(runner, refer
 def test_strength_is_the_part_of_the_schedule_that_runs(runner, strength, steps):
     """Of 4 steps, the last ceil(4 x strength) run (diffusers' img2img arithmetic)."""
     frames: list[ResultFrame] = []
-    run(runner, edit_job(EditInput(edit_image(), None, strength), num_images=2), frames.append)
+    run(runner, edit_job(EditInput((edit_image(),), None, strength), num_images=2), frames.append)
     progress = [(f.step, f.steps) for f in frames if isinstance(f, ProgressFrame)]
     assert progress == [(step, 2 * steps) for step in range(1, 2 * steps + 1)]
 
 
 def test_a_mask_keeps_every_other_pixel_in_previews_and_image(runner):
-    job = edit_job(EditInput(edit_image(), edit_mask(), 1.0), num_inference_steps=6, partial_images=2)
+    job = edit_job(EditInput((edit_image(),), edit_mask(), 1.0), num_inference_steps=6, partial_images=2)
     frames = render(runner, job)
     assert [type(f).__name__ for f in frames] == ["PartialImageFrame", "PartialImageFrame", "ImageFrame"]
     outside = np.asarray(edit_mask()) == 0
@@ -304,7 +304,7 @@ def test_a_mask_keeps_every_other_pixel_in_previews_and_image(runner):
 
 
 def test_the_prompt_changes_the_masked_region(runner):
-    edit = EditInput(edit_image(), edit_mask(), 1.0)
+    edit = EditInput((edit_image(),), edit_mask(), 1.0)
     [first] = render(runner, RenderJob("r", conditioning(seed=0), params(num_inference_steps=4, seed=2), edit))
     [second] = render(runner, RenderJob("r", conditioning(seed=5), params(num_inference_steps=4, seed=2), edit))
     inside = np.asarray(edit_mask()) > 0

@@ -111,7 +111,7 @@ def test_several_images_with_previews_each_come_with_the_cache_on(renderer, metr
 
 @pytest.mark.parametrize("masked", [False, True], ids=["img2img", "inpaint"])
 def test_an_edit_runs_with_a_step_cache(renderer, metrics, masked):
-    edit = EditInput(edit_image(), edit_mask() if masked else None, 1.0)
+    edit = EditInput((edit_image(),), edit_mask() if masked else None, 1.0)
     values = {"num_inference_steps": STEPS, "seed": 13, "step_cache": CACHES["first_block"]}
     [frame] = frames_of(renderer, RenderJob("r", conditioning(), params(**values), edit))
     assert isinstance(frame, ImageFrame)

@@ -7,6 +7,7 @@ import pytest
 from shared.capabilities import DiffusionLimits, DitCapabilities
 from shared.diffusion import MAX_SEED, DiffusionParams, FirstBlockCache, TaylorSeerCache
 from shared.errors import InvalidDiffusionParams
+from shared.frames import EditSpec, PictureSpec
 from tests.support.capabilities import DIT
 
 LIMITS = DIT.limits
@@ -103,6 +104,75 @@ def test_a_dit_that_predates_step_caches_announces_none():
     announced = LIMITS.model_dump(mode="json")
     del announced["step_caches"]
     assert DiffusionLimits.model_validate(announced).step_caches == []
+
+
+# What a reference-edit DiT announces (Qwen-Image-Edit's card): up to three pictures, no mask, no strength, nothing
+# from text alone.
+REFERENCE_EDITS = LIMITS.model_copy(
+    update={"text_to_image": False, "max_edit_pictures": 3, "edit_mask": False, "edit_strength": False}
+)
+NO_EDITS = LIMITS.model_copy(
+    update={"edits": False, "max_edit_pictures": 0, "edit_mask": False, "edit_strength": False}
+)
+
+
+def edit(pictures: int = 1, strength: float | None = 0.5, mask: bool = False) -> EditSpec:
+    return EditSpec(pictures=[PictureSpec(width=64, height=48)] * pictures, strength=strength, mask=mask)
+
+
+def test_a_dit_that_predates_the_edit_facts_draws_as_qwen_image_does():
+    announced = LIMITS.model_dump(mode="json")
+    for name in ("text_to_image", "max_edit_pictures", "edit_mask", "edit_strength"):
+        del announced[name]
+    limits = DiffusionLimits.model_validate(announced)
+    assert (limits.text_to_image, limits.max_edit_pictures, limits.edit_mask, limits.edit_strength) == (
+        True,
+        1,
+        True,
+        True,
+    )
+    for asked in (None, edit(), edit(mask=True)):
+        limits.check_edit(asked)
+
+
+def test_a_reference_edit_dit_takes_up_to_its_pictures_without_a_strength():
+    for pictures in (1, 3):
+        REFERENCE_EDITS.check_edit(edit(pictures, strength=None))
+
+
+@pytest.mark.parametrize(
+    ("limits", "asked", "param"),
+    [
+        (REFERENCE_EDITS, None, "image"),
+        (REFERENCE_EDITS, edit(4, strength=None), "image"),
+        (REFERENCE_EDITS, edit(1, strength=0.5), "strength"),
+        (REFERENCE_EDITS, edit(1, strength=None, mask=True), "mask"),
+        (LIMITS, edit(2), "image"),
+        (LIMITS, edit(1, strength=None), "strength"),
+        (NO_EDITS, edit(), "image"),
+    ],
+    ids=[
+        "text-alone-to-an-edit-model",
+        "more-pictures-than-it-reads",
+        "a-strength-to-a-reference-edit",
+        "a-mask-without-inpaint",
+        "two-pictures-to-img2img",
+        "img2img-without-a-strength",
+        "an-edit-to-a-text-model",
+    ],
+)
+def test_an_edit_the_dit_cannot_draw_is_refused_naming_the_public_parameter(limits, asked, param):
+    with pytest.raises(InvalidDiffusionParams) as refused:
+        limits.check_edit(asked)
+    assert refused.value.param == param and refused.value.status == 422
+
+
+def test_dits_that_disagree_on_an_edits_strength_share_no_edit():
+    common = DiffusionLimits.common([LIMITS, REFERENCE_EDITS])
+    assert not common.edits and common.max_edit_pictures == 0 and not common.text_to_image
+    with pytest.raises(InvalidDiffusionParams):
+        common.check_edit(edit(1, strength=None))
+    assert DiffusionLimits.common([REFERENCE_EDITS, REFERENCE_EDITS]) == REFERENCE_EDITS
 
 
 SIZED = LIMITS.model_copy(update={"sizes": ["64x64", "128x64"]})
