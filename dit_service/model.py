@@ -2,15 +2,18 @@
 
 One diffusers pipeline object is not thread-safe (its scheduler holds the step index and its
 ``_interrupt``/``_guidance_scale`` live on the object), but the weights are read-only during
-inference. So the weights are loaded once, by the text-to-image pipeline its model card names
-(``services.model_card``), and each request gets a fresh pipeline object over the same transformer
-and VAE with its own scheduler built from the shared config: text to image, or an edit where the
-family edits (Qwen-Image's ``QwenImageImg2ImgPipeline``, ``QwenImageInpaintPipeline`` with a mask) —
-the same components driven the way diffusers' own edit pipelines drive them.
+inference. So the weights are loaded once, by the family's own pipeline (the folder's ``model_index.json``
+class, its model card's ``family``: ``services.model_card``), without the text side (the AR reads the text
+and, for an edit model, the pictures), and each request gets a fresh pipeline object over the same
+transformer and VAE with its own scheduler built from the shared config: text to image, or an edit where
+the family edits (Qwen-Image's ``QwenImageImg2ImgPipeline``, ``QwenImageInpaintPipeline`` with a mask;
+Qwen-Image-Edit's ``QwenImageEditPlusPipeline``) — the same components driven the way diffusers' own
+pipelines drive them.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +48,13 @@ class ModelFacts:
 # diffusers registers a pipeline's components at run time (``register_modules``), so to a type
 # checker ``transformer``, ``vae``, ``scheduler``... are not attributes of a pipeline class.
 Pipeline = Any
+# The components that read the prompt (and an edit model's pictures): the AR's, never loaded here.
+TEXT_SIDE = ("text_encoder", "tokenizer", "processor")
+
+
+def _without_text_side(pipeline: type[Any]) -> dict[str, None]:
+    """None for each text-side component ``pipeline`` takes (Qwen-Image-Edit's takes a processor too)."""
+    return {name: None for name in TEXT_SIDE if name in inspect.signature(pipeline).parameters}
 
 
 class DitModel:
@@ -65,20 +75,20 @@ class DitModel:
     def load(cls, model_dir: Path, device: str, dtype_name: str) -> DitModel:
         dtype = ALLOWED_DTYPES[dtype_name]
         card = ModelCard.read(model_dir)  # before the weights: a card naming layers the folder lacks fails at once
-        pipeline = pipeline_class(card.pipelines["text_to_image"])
-        base = pipeline.from_pretrained(str(model_dir), text_encoder=None, tokenizer=None, dtype=dtype)
+        pipeline = pipeline_class(card.family)
+        base = pipeline.from_pretrained(str(model_dir), **_without_text_side(pipeline), dtype=dtype)
         base.to(device)
         log.info("loaded %s (%s) on %s as %s", model_dir, card.family, device, dtype_name)
         return cls(base, torch.device(device), dtype, card)
 
     def new_pipeline(self, kind: PipelineKind = "text_to_image") -> Pipeline:
         options = {name: self._base.config[name] for name in self.card.pipeline_options}
-        pipeline: Pipeline = pipeline_class(self.card.pipelines[kind])(
+        kind_class = pipeline_class(self.card.pipelines[kind])
+        pipeline: Pipeline = kind_class(
             scheduler=FlowMatchEulerDiscreteScheduler.from_config(self._base.scheduler.config),
             vae=self.vae.module,
-            text_encoder=None,
-            tokenizer=None,
             transformer=self.transformer,
+            **_without_text_side(kind_class),
             **options,
         )
         pipeline.set_progress_bar_config(disable=True)

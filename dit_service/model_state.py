@@ -25,16 +25,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+import PIL.Image
 import torch
 
 from dit_service.conditioning import Conditioning
 from dit_service.model import DitModel
-from dit_service.render_job import RenderItem, RenderJob
+from dit_service.render_job import EditInput, RenderItem, RenderJob
 from dit_service.renderer import Renderer
 from services.app import Readiness
 from services.errors import ApiError
 from services.fatal import Fatal
 from services.heap import freeze_startup_heap
+from services.model_card import ModelCard
 from shared.capabilities import Load, Pace
 from shared.diffusion import DiffusionParams
 
@@ -44,7 +46,8 @@ Loaded = TypeVar("Loaded")
 
 
 def warmup_job(model: DitModel, params: DiffusionParams | None = None) -> RenderJob:
-    """A render of one row of zeros: at the smallest size in the fewest steps, or as ``params`` say."""
+    """A render of one row of zeros: at the smallest size in the fewest steps, or as ``params`` say; from one grey
+    picture where the family draws from pictures only."""
     facts = model.facts
     size = facts.size_multiple
     params = params or DiffusionParams(
@@ -55,7 +58,18 @@ def warmup_job(model: DitModel, params: DiffusionParams | None = None) -> Render
         torch.ones((1, 1), dtype=torch.long),
     )
     negative = (embeds, mask) if params.cfg else (None, None)
-    return RenderJob(request_id="warmup", conditioning=Conditioning(embeds, mask, *negative), params=params)
+    conditioning = Conditioning(embeds, mask, *negative)
+    return RenderJob(request_id="warmup", conditioning=conditioning, params=params, edit=_warmup_edit(model.card, size))
+
+
+def _warmup_edit(card: ModelCard, size: int) -> EditInput | None:
+    """None where the family draws from text alone; else one grey picture, at the size the AR sends a ``size`` square
+    at (a reference edit's pictures come at their ``vae_size``), with a strength where its edits take one."""
+    if card.text_to_image:
+        return None
+    width, height = card.reads_pictures.vae_size(size, size) if card.reads_pictures is not None else (size, size)
+    picture = PIL.Image.new("RGB", (width, height), (128, 128, 128))
+    return EditInput((picture,), None, 1.0 if card.edit_strength else None)
 
 
 @dataclass(frozen=True)

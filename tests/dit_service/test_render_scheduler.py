@@ -44,8 +44,9 @@ def job(name: str, **overrides) -> RenderJob:
     return RenderJob(name, COND, params(**overrides))
 
 
-def schedule(jobs: list[RenderJob], max_batch: int, cancelled: Iterable[str] = frozenset()):
+def schedule(jobs: list[RenderJob], max_batch: int, cancelled: Iterable[str] = frozenset(), batches: bool = True):
     recorder = Recorder()
+    recorder.batches = batches
 
     async def scenario():
         metrics = DitMetrics(CollectorRegistry())
@@ -80,6 +81,12 @@ def test_with_batching_compatible_waiting_jobs_share_one_run_and_the_rest_keep_t
     assert runs == [["a", "b", "c"], ["odd"], ["d"]]
     assert [r[0].denoise for r in results] == [2.0, 2.0, 1.0, 2.0, 1.0]
     assert metrics.pipeline_queue_depth._value.get() == 0 and metrics.pipeline_runs_in_flight._value.get() == 0
+
+
+def test_a_family_whose_pipeline_refuses_a_batch_runs_every_job_alone_with_batching_on():
+    """Qwen-Image-Edit's pipeline refuses a batch (its card: ``batches=False``): compatible jobs never share a run."""
+    runs, results, _ = schedule([job("a"), job("b"), job("c")], max_batch=8, batches=False)
+    assert runs == [["a"], ["b"], ["c"]] and all(r[0].denoise == 1.0 for r in results)
 
 
 def test_a_batch_holds_at_most_its_maximum():
