@@ -1,6 +1,6 @@
 """One request's handoff body: ``open``, rows as the engine produces them, ``close``.
 
-A ``HandoffBody`` owns everything the body is made of: an edit's image (and mask), sent right
+A ``HandoffBody`` owns everything the body is made of: an edit's pictures (and mask), sent right
 after ``open``; the engine runs of the request's streams (``cond``, and ``uncond`` with CFG)
 running side by side, and the rows held back when the handoff is not overlapped with decoding.
 Whoever sends it only iterates it: each ``BodyFrame`` is one frame's wire buffers, and the last,
@@ -26,7 +26,7 @@ import torch
 
 from ar_service.engine.hidden_state_engine import EngineEvent, FinishedEvent, RowsEvent
 from shared.frame_types import Buffer
-from shared.frames import PixelRole, StreamName
+from shared.frames import PixelsPlace, StreamName
 from shared.handoff_encoder import HandoffEncoder
 
 
@@ -94,7 +94,7 @@ class HandoffBody:
         *,
         overlap: bool,
         received_at: float,
-        pixels: Mapping[PixelRole, bytes],
+        pixels: Mapping[PixelsPlace, bytes],
     ) -> None:
         self._encoder = encoder
         self._pixels = dict(pixels)
@@ -131,8 +131,8 @@ class HandoffBody:
     async def __aiter__(self) -> AsyncIterator[BodyFrame]:
         encoder = self._encoder
         yield BodyFrame("open", encoder.open_frame())
-        for role in list(self._pixels):
-            yield BodyFrame("pixels", encoder.pixels(role, self._pixels.pop(role)))
+        for role, index in list(self._pixels):
+            yield BodyFrame("pixels", encoder.pixels(role, index, self._pixels.pop((role, index))))
         held: list[tuple[StreamName, RowsEvent]] = []
         finished: dict[StreamName, FinishedEvent] = {}
         last_row_at = 0.0

@@ -13,10 +13,13 @@ import torch
 
 from ar_service.engine.hidden_state_engine import EngineEvent, FinishedEvent, RowsEvent
 from ar_service.handoff_body import ArTimings, BodyFrame, HandoffBody, coalesced
+from ar_service.image_generation import EditHandoff
+from ar_service.input_images import EditPixels, PicturePixels
 from shared.diffusion import DiffusionParams
 from shared.frames import OpenFrame, StreamName, StreamSpec
 from shared.handoff_assembler import AssembledHandoff, HandoffReceiver
 from shared.handoff_encoder import HandoffEncoder
+from shared.row_recipe import RowRecipe
 from tests.support.engine_runs import submitted
 from tests.support.waiting import within
 
@@ -31,11 +34,9 @@ def encoder(uncond: bool = False) -> HandoffEncoder:
         OpenFrame(
             request_id="req_body",
             model="m",
-            conditioning="qwen_image",
             dtype="float32",
             row_width=HIDDEN,
-            layers=[1],
-            final_norm=True,
+            rows=RowRecipe(layers=[1]),
             streams=streams,
             diffusion=DiffusionParams(width=16, height=16, num_inference_steps=2, guidance_scale=1.0, seed=0),
         )
@@ -105,6 +106,22 @@ def test_a_body_is_open_rows_close_and_assembles(overlap, frame_count):
     report = frames[-1].engine
     assert report is not None and report.finished["cond"].token_ids == [5, 6, 7, 8] and report.last_row_at > 0
     assert all(f.engine is None for f in frames[:-1])
+
+
+def test_an_edits_pictures_go_out_right_after_open_in_order_each_at_its_own_size_then_its_mask():
+    pictures = (PicturePixels(4, 2, bytes(range(24))), PicturePixels(2, 3, bytes(range(100, 118))))
+    edit = EditHandoff.of(None, EditPixels(pictures, mask=bytes([0, 255] * 4)))
+    opened = encoder().open.model_copy(update={"edit": edit.spec})
+    submitting: Submitting = {"cond": submitted(run_of([5, 6, 7, 8], [3]))}
+    body = HandoffBody(HandoffEncoder(opened), submitting, overlap=True, received_at=0.0, pixels=edit.take_frames())
+    frames = asyncio.run(collect(body))
+    assert [f.kind for f in frames] == ["open", "pixels", "pixels", "pixels", "rows", "close"]
+    assert edit.frames == {}  # given up to the body, which let each go as it was written
+    handoff = assemble(frames)
+    assert handoff.edit is not None and handoff.edit.strength is None
+    assert [bytes(p.numpy().tobytes()) for p in handoff.edit.pictures] == [p.data for p in pictures]
+    assert [tuple(p.shape) for p in handoff.edit.pictures] == [(2, 4, 3), (3, 2, 3)]
+    assert handoff.edit.mask is not None and handoff.edit.mask.shape == (2, 4, 1)
 
 
 def test_rows_that_arrive_while_frames_are_written_go_out_as_one_frame():

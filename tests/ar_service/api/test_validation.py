@@ -274,7 +274,9 @@ def test_an_edit_takes_its_size_from_its_pixels(validator):
     valid = asyncio.run(validator.edit(form, "req_1", 0.0, DIT))
     gen = valid.generation
     assert (gen.diffusion.width, gen.diffusion.height, gen.diffusion.num_images) == (96, 32, 2)
-    assert gen.edit is not None and gen.edit.frames.keys() == {"image"} and len(gen.edit.frames["image"]) == 96 * 32 * 3
+    assert gen.edit is not None and gen.edit.frames.keys() == {("image", 0)}
+    assert len(gen.edit.frames["image", 0]) == 96 * 32 * 3
+    assert [(p.width, p.height) for p in gen.edit.spec.pictures] == [(96, 32)] and gen.edit.spec.strength == 0.6
     assert valid.response.event_prefix == "image_edit"
 
 
