@@ -86,7 +86,7 @@ class DitModel:
         kind_class = pipeline_class(self.card.pipelines[kind])
         pipeline: Pipeline = kind_class(
             scheduler=FlowMatchEulerDiscreteScheduler.from_config(self._base.scheduler.config),
-            vae=self.vae.module,
+            vae=self.vae.encoding_under_lock() if kind == "reference_edit" else self.vae.module,
             transformer=self.transformer,
             **_without_text_side(kind_class),
             **options,

@@ -267,8 +267,6 @@ class Renderer:
     def _pipeline(self, kind: PipelineKind, previews: StepCallback | None) -> Pipeline:
         """This run's own pipeline of ``kind``, keeping its start latents for ``previews`` where they are taken."""
         pipeline = self.model.new_pipeline(kind)
-        if kind == "reference_edit":
-            self._codec.lock_encodes(pipeline)  # it encodes its pictures on the VAE other runs decode on
         if previews is not None:
             previews.record_start(pipeline)
         return pipeline

@@ -13,8 +13,6 @@ with the VAE's latent channel count through untouched). The arithmetic is the pi
 
 from __future__ import annotations
 
-from typing import Any
-
 import PIL.Image
 import torch
 from diffusers import QwenImagePipeline
@@ -64,17 +62,6 @@ class VaeCodec:
             pixels = vae.decode(latents, return_dict=False)[0][:, :, 0]
         image: PIL.Image.Image = self._processor.postprocess(pixels, output_type="pil")[0]
         return image
-
-    def lock_encodes(self, pipeline: Any) -> None:
-        """Have ``pipeline`` (a request's own, over the shared VAE) encode its pictures under the shared VAE's lock: a
-        reference edit's pipeline encodes them itself (``_encode_vae_image``), as it takes no latents for them."""
-        encode = pipeline._encode_vae_image
-
-        def locked(*args: Any, **kwargs: Any) -> Any:
-            with self._shared.lock:
-                return encode(*args, **kwargs)
-
-        pipeline._encode_vae_image = locked
 
     def pasted_back(self, image: PIL.Image.Image, mask: PIL.Image.Image, original: PIL.Image.Image) -> PIL.Image.Image:
         """``image`` where ``mask`` is nonzero, ``original``'s own pixels everywhere else (the inpaint
