@@ -81,7 +81,7 @@ def _limits(settings: DitSettings, model: DitModel) -> DiffusionLimits:
         max_inference_steps=settings.max_inference_steps,
         max_guidance_scale=min(settings.max_guidance_scale, card.max_guidance_scale),
         max_images=settings.max_images_per_handoff,
-        max_conditioning_rows=settings.max_sequence_length,
+        max_conditioning_rows=settings.conditioning_rows(card),
         output_formats=ImageEncoder.supported(),
         step_caches=step_caches,
         sizes=sizes or None,  # [] in the settings: any size, whatever the card lists

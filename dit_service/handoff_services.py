@@ -55,7 +55,7 @@ def serve_model(
     options = ConditioningOptions(
         special_token_ids=settings.special_token_ids,
         image_token_start_id=settings.image_token_start_id,
-        max_sequence_length=settings.max_sequence_length,
+        max_sequence_length=settings.conditioning_rows(model.card),
         pad_to_multiple=settings.pad_to_multiple,
         dtype=model.facts.dtype,
     )

@@ -11,6 +11,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from services.checkpoints import DIT_MODEL, default_model_dir
 from services.dtype import DtypeName, default_dtype
 from services.heap import RELEASE_IDLE_SECONDS
+from services.model_card import ModelCard
 from services.settings import (
     DEFAULT_DRAIN_SECONDS,
     HEAD_BYTES,
@@ -124,9 +125,16 @@ class DitSettings(BaseSettings):
     image_token_start_id: NonNegative | None = Field(
         None, description="ar_generated: only generated rows with token id >= this are image rows (None: all)."
     )
-    max_sequence_length: Annotated[int, Field(ge=1, le=1024)] = Field(
-        512, description="Most conditioning rows the DiT takes; more is a 4xx, never a silent truncation."
+    max_sequence_length: Annotated[int, Field(ge=1, le=1024)] | None = Field(
+        None,
+        description="Most conditioning rows the DiT takes; more is a 4xx, never a silent truncation (None: its "
+        "family's, from its model card: 512, or 1024 for an edit model whose rows hold the pictures).",
     )
+
+    def conditioning_rows(self, card: ModelCard) -> int:
+        """The most conditioning rows this DiT takes of ``card``'s family: the setting, else the card's."""
+        return self.max_sequence_length or card.max_rows
+
     pad_to_multiple: Positive = Field(
         1, description="Right-pad conditioning to a multiple of this (with a mask) so few shapes occur."
     )

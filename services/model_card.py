@@ -109,6 +109,9 @@ class ModelCard(BaseModel):
     # Its pipeline runs classifier-free guidance at a guidance scale above this (``DiffusionParams.cfg_above``), against
     # the AR's negative rows.
     cfg_above: float = 1.0
+    # The most conditioning rows a request gives it (the DiT's ``max_sequence_length`` unless the operator sets one):
+    # the pipelines' own default, 512; an edit model's rows hold its pictures' tokens too.
+    max_rows: int = Field(512, ge=1, le=1024)
     # The loaded pipeline's own config options each request's pipeline is built with too.
     pipeline_options: tuple[str, ...] = ()
 
@@ -312,7 +315,8 @@ FLUX2_KLEIN = ModelCard(
 # own). It reads up to three pictures in its examples, each read by the encoder at the 384x384 area and VAE-encoded
 # at the 1024x1024 area, whatever the output size; the negative prompt is read with the same pictures. Rows:
 # ``hidden_states[-1]`` of its edit template, the 64-token system prefix dropped. Its pipeline refuses a batch, and
-# runs no text to image.
+# runs no text to image. Its ``encode_prompt`` keeps every row (no ``max_sequence_length`` cut), about 200 a picture
+# at the 384x384 area: up to 1024 rows, its ``check_inputs``' most, so that three pictures and a prompt fit.
 QWEN_IMAGE_EDIT_PLUS = ModelCard(
     family="QwenImageEditPlusPipeline",
     pipelines={"reference_edit": "QwenImageEditPlusPipeline"},
@@ -327,6 +331,7 @@ QWEN_IMAGE_EDIT_PLUS = ModelCard(
     service_decodes=True,
     latents="qwen_image",
     batches=False,
+    max_rows=1024,
     description="Qwen-Image-Edit-2511 (a diffusers QwenImageEditPlusPipeline; its Qwen2.5-VL reads the pictures)",
     default_num_inference_steps=40,
     default_guidance_scale=4.0,
