@@ -19,6 +19,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import PIL.Image
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
@@ -34,7 +35,7 @@ from ar_service.prompt_builder import BuiltPrompt, PromptBuilder
 from ar_service.settings import ArSettings
 from services.tracing import current_traceparent
 from shared.diffusion import DiffusionParams
-from shared.frames import EditSpec, OpenFrame, PixelRole, StreamName, StreamSpec
+from shared.frames import EditSpec, OpenFrame, PictureSpec, PixelsPlace, StreamName, StreamSpec
 from shared.handoff_encoder import HandoffEncoder
 from shared.result_frames import ImageFrame
 from shared.tensor_codec import wire_dtype
@@ -51,19 +52,22 @@ class DiTs(Protocol):
 
 @dataclass(frozen=True)
 class EditHandoff:
-    """An edit as it travels: what the open frame announces, and the pixels frames that follow it."""
+    """An edit as it travels: what the open frame announces, and the pixels frames that follow it, by role and
+    index in the order they are sent (each picture, then the mask)."""
 
     spec: EditSpec
-    frames: dict[PixelRole, bytes]
+    frames: dict[PixelsPlace, bytes]
 
     @classmethod
-    def of(cls, strength: float, pixels: EditPixels) -> EditHandoff:
-        frames: dict[PixelRole, bytes] = {"image": pixels.image}
+    def of(cls, strength: float | None, pixels: EditPixels) -> EditHandoff:
+        """``strength``: None for a reference edit."""
+        frames: dict[PixelsPlace, bytes] = {("image", index): p.data for index, p in enumerate(pixels.pictures)}
         if pixels.mask is not None:
-            frames["mask"] = pixels.mask
-        return cls(EditSpec(strength=strength, mask=pixels.mask is not None), frames)
+            frames["mask", 0] = pixels.mask
+        pictures = [PictureSpec(width=p.width, height=p.height) for p in pixels.pictures]
+        return cls(EditSpec(pictures=pictures, strength=strength, mask=pixels.mask is not None), frames)
 
-    def take_frames(self) -> dict[PixelRole, bytes]:
+    def take_frames(self) -> dict[PixelsPlace, bytes]:
         """The pixels, given up once to whoever sends them: with the only reference, they are freed as soon
         as they are written, not when the request ends."""
         taken = dict(self.frames)
@@ -83,11 +87,14 @@ class GenerationRequest:
     cache_salt: str | None
     received_at: float  # perf_counter when the HTTP request arrived
     edit: EditHandoff | None = None
+    # What the encoder reads with every stream's prompt (an edit model's pictures, at its condition size), in order.
+    pictures: tuple[PIL.Image.Image, ...] = ()
 
 
 @dataclass(frozen=True)
 class TokenUsage:
-    prompt_tokens: int
+    prompt_tokens: int  # pictures' tokens included
+    picture_tokens: int
     generated_tokens: int
     cached_tokens: int
     cache_creation_tokens: int
@@ -119,6 +126,8 @@ class ImageGenerator:
                 prompt_token_ids=prompt.token_ids,
                 max_new_tokens=request.max_new_tokens if name == "cond" else 1,  # the negative side only encodes
                 cache_salt=request.cache_salt,
+                pictures=request.pictures,
+                engine_token_ids=prompt.engine_token_ids,
             )
             for name, prompt in request.prompts.items()
         }
@@ -177,11 +186,9 @@ class ImageGenerator:
         return OpenFrame(
             request_id=request.request_id,
             model=self.settings.model_dir.name,
-            conditioning=self.engine.rows.conditioning,
             dtype=wire_dtype(self.engine.dtype),
             row_width=self.engine.row_width,
-            layers=self.engine.rows.layers,
-            final_norm=self.engine.rows.final_norm,
+            rows=self.engine.rows,
             streams={
                 name: StreamSpec(
                     prompt_tokens=len(prompt.token_ids),
@@ -200,6 +207,7 @@ class ImageGenerator:
         finished, cond = report.finished.values(), report.finished["cond"]
         usage = TokenUsage(
             prompt_tokens=sum(f.prompt_tokens for f in finished),
+            picture_tokens=sum(prompt.picture_tokens for prompt in request.prompts.values()),
             generated_tokens=len(cond.generated_token_ids),
             cached_tokens=sum(f.cached_tokens for f in finished),
             cache_creation_tokens=sum(f.cache_creation_tokens for f in finished),

@@ -101,12 +101,19 @@ class EditUpload:
 
 
 @dataclass(frozen=True)
-class EditPixels:
-    """The image (RGB, row-major, ``height x width x 3``) and mask (``height x width``) as sent."""
+class PicturePixels:
+    """One picture as sent: RGB, row-major, ``height x width x 3``."""
 
     width: int
     height: int
-    image: bytes
+    data: bytes
+
+
+@dataclass(frozen=True)
+class EditPixels:
+    """An edit's pictures as sent, in order, and its mask (``height x width`` of the first picture)."""
+
+    pictures: tuple[PicturePixels, ...]
     mask: bytes | None
 
 
@@ -170,15 +177,18 @@ def read_upload(image: bytes, mask: bytes | None, max_input_pixels: int) -> Edit
 
 
 def decode_edit(upload: EditUpload, size: OutputSize) -> EditPixels:
-    """The upload decoded, upright and resized to ``size``. Blocking: call it in a worker thread."""
-    upright = _decoded(upload.image, "image")
+    """The upload decoded, upright and resized to ``size``: its one picture, at the output size. Blocking: call it in
+    a worker thread."""
+    upright = decoded_upright(upload.image, "image")
     width, height = size.for_input(upright.width, upright.height)
-    pixels = _resized(upright.convert("RGB"), width, height, PIL.Image.Resampling.LANCZOS).tobytes()
+    picture = PicturePixels(
+        width, height, resized(upright.convert("RGB"), width, height, PIL.Image.Resampling.LANCZOS).tobytes()
+    )
     if upload.mask is None:
-        return EditPixels(width, height, pixels, None)
-    alpha = _decoded(upload.mask, "mask").convert("RGBA").getchannel("A")
+        return EditPixels((picture,), None)
+    alpha = decoded_upright(upload.mask, "mask").convert("RGBA").getchannel("A")
     repaint = alpha.point(lambda a: 255 if a == 0 else 0)
-    return EditPixels(width, height, pixels, _resized(repaint, width, height, PIL.Image.Resampling.NEAREST).tobytes())
+    return EditPixels((picture,), resized(repaint, width, height, PIL.Image.Resampling.NEAREST).tobytes())
 
 
 def _opened(data: bytes, param: str, formats: tuple[str, ...], max_pixels: int) -> PIL.Image.Image:
@@ -204,7 +214,7 @@ def _too_large(param: str, message: str) -> ApiError:
     return ApiError(400, message, param=param, code="image_too_large")
 
 
-def _decoded(image: PIL.Image.Image, param: str) -> PIL.Image.Image:
+def decoded_upright(image: PIL.Image.Image, param: str) -> PIL.Image.Image:
     try:
         image.load()
         return PIL.ImageOps.exif_transpose(image)
@@ -212,7 +222,7 @@ def _decoded(image: PIL.Image.Image, param: str) -> PIL.Image.Image:
         raise ApiError(400, f"{param} could not be decoded: {exc}", param=param, code="invalid_image_format") from None
 
 
-def _resized(image: PIL.Image.Image, width: int, height: int, resample: PIL.Image.Resampling) -> PIL.Image.Image:
+def resized(image: PIL.Image.Image, width: int, height: int, resample: PIL.Image.Resampling) -> PIL.Image.Image:
     if image.size == (width, height):
         return image
     return image.resize((width, height), resample, reducing_gap=REDUCING_GAP)

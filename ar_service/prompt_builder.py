@@ -100,6 +100,11 @@ class PromptBuilder:
         return cls(tokenizer, template, rows.drops_template, pictures)
 
     @property
+    def reading(self) -> PictureReading | None:
+        """How the family reads pictures, where its prompts hold them."""
+        return self.pictures.reading if self.pictures is not None else None
+
+    @property
     def prefix_tokens(self) -> int:
         """The template's leading tokens whose rows do not condition the DiT."""
         return len(self._prefix_ids) if self._drops_template else 0

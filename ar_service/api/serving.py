@@ -397,7 +397,9 @@ def usage(result: GenerationResult) -> Usage:
     u = result.usage
     return Usage(
         input_tokens=u.prompt_tokens,
-        input_tokens_details=InputTokensDetails(text_tokens=u.prompt_tokens, cached_tokens=u.cached_tokens),
+        input_tokens_details=InputTokensDetails(
+            text_tokens=u.prompt_tokens - u.picture_tokens, image_tokens=u.picture_tokens, cached_tokens=u.cached_tokens
+        ),
         output_tokens=u.generated_tokens,
         output_tokens_details=OutputTokensDetails(text_tokens=u.generated_tokens),
         total_tokens=u.prompt_tokens + u.generated_tokens,

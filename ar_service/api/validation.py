@@ -7,25 +7,27 @@ prompts' token counts, and an edit's uploads (decoded here, in a worker thread).
 the validated type travels (TGI's ``validation.rs`` shape): the generator takes the
 ``GenerationRequest`` it holds, the response is shaped by its ``ResponseOptions``.
 
-An edit edits one image: Qwen-Image's img2img and inpaint pipelines start from one image, and the
-text model has no image encoder through which reference images could condition it, so ``image[]``
-with more than one file is refused rather than silently reduced to its first.
+An edit of a model that draws from text (Qwen-Image's img2img and inpaint) starts from one picture: its text model
+reads no pictures, so ``image[]`` with more than one file is refused rather than silently reduced to its first. An
+edit model whose encoder reads the pictures (Qwen-Image-Edit-2511) takes as many as its card says, the encoder reading
+each one with every stream's prompt (``reference_pictures``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
 
+from ar_service import reference_pictures
 from ar_service.api.edit_form import EditForm
 from ar_service.api.protocol import STEPS_BY_QUALITY, EventPrefix, ImageEditRequest, ImageRequest, RequestedFormat
 from ar_service.image_generation import EditHandoff, GenerationRequest
-from ar_service.input_images import EditMemory, Held, OutputSize, decode_edit, read_upload
-from ar_service.prompt_builder import BuiltPrompt, PromptBuilder
+from ar_service.input_images import EditMemory, EditPixels, Held, OutputSize, decode_edit, read_upload
+from ar_service.prompt_builder import BuiltPrompt, PromptBuilder, PromptError
 from ar_service.settings import ArSettings
 from services.errors import ApiError
 from shared.capabilities import DitCapabilities
@@ -96,6 +98,8 @@ class RequestValidator:
         """A generation (JSON body) checked against the ready DiTs' announcement; ``tenant``: whose API
         key sent it (None without keys)."""
         self.check_model(body.model)
+        with _public_errors():
+            dit.limits.check_edit(None)
         size = (dit.defaults.width, dit.defaults.height) if body.size == "auto" else _size(body.size, dit)
         return self._valid(body, "image_generation", request_id, received_at, dit, size, tenant)
 
@@ -107,6 +111,8 @@ class RequestValidator:
         self.check_model(body.model)
         if not dit.limits.edits:
             raise _invalid(f"{dit.model} does not edit images: it draws from text only", "image", "unsupported_value")
+        if not dit.limits.edit_strength:
+            return await self._reference_edit(form, request_id, received_at, dit, tenant)
         if len(form.images) > 1:
             raise _invalid(
                 f"{len(form.images)} images were sent; this model edits one image (it has no image encoder "
@@ -129,7 +135,45 @@ class RequestValidator:
         try:
             pixels = await asyncio.to_thread(decode_edit, upload, size)
             edit = EditHandoff.of(edit_strength(body), pixels)
-            return valid.with_edit(edit, (pixels.width, pixels.height), held)
+            return valid.with_edit(edit, (pixels.pictures[0].width, pixels.pictures[0].height), held)
+        except BaseException:
+            held.release()
+            raise
+
+    async def _reference_edit(
+        self, form: EditForm, request_id: str, received_at: float, dit: DitCapabilities, tenant: str | None
+    ) -> ValidGeneration:
+        """An edit of a model whose encoder reads the pictures (``reference_pictures``): 1 to its most pictures, no
+        mask, no strength; the output sized from the last picture, as its pipeline sizes it, unless asked."""
+        body, reading = form.request, self.prompts.reading
+        if reading is None:
+            raise _invalid(
+                f"{dit.model} edits from pictures its text encoder reads, and this AR's encoder reads none",
+                "image",
+                "unsupported_value",
+            )
+        for field, given in (("strength", body.strength), ("input_fidelity", body.input_fidelity)):
+            if given is not None:
+                raise _invalid(f"{dit.model} takes no {field}: it redraws from the pictures it reads", field)
+        if form.mask is not None:
+            raise _invalid(f"{dit.model} takes no mask: it edits from the pictures it reads", "mask")
+        if len(form.images) > (most := dit.limits.max_edit_pictures):
+            raise _invalid(f"{len(form.images)} pictures were sent; this model reads at most {most}", "image")
+        uploads = [read_upload(file.data, None, self.settings.max_edit_input_pixels) for file in form.images]
+        read_sizes = reference_pictures.checked_sizes(uploads, reading)
+        requested = None if body.size == "auto" else _size(body.size, dit)
+        size = requested or reading.vae_size(*uploads[-1].size)
+        if requested is None:
+            _drawable(uploads[-1].size, size, dit)
+        valid = self._valid(body, "image_edit", request_id, received_at, dit, size, tenant, read_sizes)
+        held = self.edit_memory.hold(reference_pictures.memory(uploads, reading))
+        try:
+            pictures = await asyncio.to_thread(reference_pictures.decode_references, uploads, reading)
+            last = pictures.read[-1].size
+            upright = requested or reading.vae_size(*last)  # an upright turn swaps the sides
+            generation = dataclasses.replace(valid.generation, pictures=pictures.read)
+            edit = EditHandoff.of(None, EditPixels(pictures.sent, None))
+            return ValidGeneration(generation, valid.response).with_edit(edit, upright, held)
         except BaseException:
             held.release()
             raise
@@ -143,6 +187,7 @@ class RequestValidator:
         dit: DitCapabilities,
         size: tuple[int, int],
         tenant: str | None,
+        picture_sizes: Sequence[tuple[int, int]] = (),
     ) -> ValidGeneration:
         s = self.settings
         if body.background == "transparent":
@@ -166,7 +211,7 @@ class RequestValidator:
             texts["uncond"] = dit.defaults.negative_prompt if negative is None else negative
         generation = GenerationRequest(
             request_id=request_id,
-            prompts={name: self._prompt(name, text, dit) for name, text in texts.items()},
+            prompts={name: self._prompt(name, text, dit, picture_sizes) for name, text in texts.items()},
             diffusion=diffusion,
             max_new_tokens=max_new,
             cache_salt=cache_salt(tenant, body.cache_salt),
@@ -213,9 +258,15 @@ class RequestValidator:
         dit.limits.check(params)
         return params
 
-    def _prompt(self, name: StreamName, text: str, dit: DitCapabilities) -> BuiltPrompt:
-        """``text`` in the model's template, within the AR's and the DiT's token limits."""
-        prompt, param = self.prompts.build(text), PUBLIC_PARAM[name]
+    def _prompt(
+        self, name: StreamName, text: str, dit: DitCapabilities, picture_sizes: Sequence[tuple[int, int]]
+    ) -> BuiltPrompt:
+        """``text`` in the model's template with the pictures it reads, within the AR's and the DiT's token limits."""
+        param = PUBLIC_PARAM[name]
+        try:
+            prompt = self.prompts.build(text, picture_sizes)
+        except PromptError as exc:
+            raise _invalid(f"{param}: {exc}", param) from None
         limit = self.settings.max_prompt_tokens
         if len(prompt.token_ids) > limit:
             raise _too_long(f"{param} is {len(prompt.token_ids)} tokens with the template; the limit is {limit}", param)
