@@ -24,6 +24,7 @@ from ar_service.engine.text_model import TextModel
 from ar_service.input_images import EditMemory
 from ar_service.prompt_builder import PromptBuilder
 from ar_service.settings import ArSettings
+from services.checkpoints import QWEN_IMAGE_EDIT_MODEL, default_model_dir
 from services.errors import ApiError
 from shared.diffusion import FirstBlockCache, StepCache, TaylorSeerCache
 from tests.conftest import require_checkpoint
@@ -351,3 +352,85 @@ def test_url_images_belong_to_the_key_that_asked(validator):
     request = ImageGenerationRequest.model_validate({"prompt": "a red circle", "response_format": "url"})
     assert validator.generation(request, "req_1", 0.0, DIT, "tenant-a").response.owner == "tenant-a"
     assert validator.generation(request, "req_1", 0.0, DIT).response.owner == ""
+
+
+# --- an edit model whose encoder reads the pictures (Qwen-Image-Edit-2511's card) --------------------------
+
+EDIT_DIT = DIT.model_copy(
+    update={
+        "model": "qwen-image-edit-tiny",
+        "limits": DIT.limits.model_copy(
+            update={
+                "max_pixels": 1024 * 1024,
+                "max_conditioning_rows": 1024,
+                "text_to_image": False,
+                "max_edit_pictures": 3,
+                "edit_mask": False,
+                "edit_strength": False,
+            }
+        ),
+    }
+)
+
+
+@pytest.fixture(scope="module")
+def edit_validator() -> RequestValidator:
+    settings = ArSettings(model_dir=require_checkpoint(default_model_dir(QWEN_IMAGE_EDIT_MODEL)))
+    text_model = TextModel.read(settings.model_dir)
+    prompts = PromptBuilder.of_text_model(text_model, settings.rows(text_model.card_rows))
+    return RequestValidator(settings, prompts, EditMemory(settings.max_edit_memory_bytes))
+
+
+def reference_edit(validator: RequestValidator, *sizes: tuple[int, int], **body: Any) -> ValidGeneration:
+    form = EditForm(edit_request(**body), [Upload(f"{n}.png", png(*size)) for n, size in enumerate(sizes)], None)
+    return asyncio.run(validator.edit(form, "req_1", 0.0, EDIT_DIT))
+
+
+def refused_edit(validator: RequestValidator, *sizes: tuple[int, int], mask: bool = False, **body: Any) -> ApiError:
+    uploads = [Upload(f"{n}.png", png(*size)) for n, size in enumerate(sizes)]
+    form = EditForm(edit_request(**body), uploads, Upload("m.png", png(*sizes[0])) if mask else None)
+    with pytest.raises(ApiError) as info:
+        asyncio.run(validator.edit(form, "req_1", 0.0, EDIT_DIT))
+    assert info.value.status == 400
+    return info.value
+
+
+def test_an_edit_models_pictures_are_read_by_every_streams_prompt_and_sent_at_their_vae_size(edit_validator):
+    valid = reference_edit(edit_validator, (96, 64), (64, 96), size="auto", guidance_scale=4.0)
+    generation = valid.generation
+    assert [p.size for p in generation.pictures] == [(480, 320), (320, 480)]  # the 384x384 area, at each aspect
+    assert generation.edit is not None and generation.edit.spec.strength is None
+    assert [(p.width, p.height) for p in generation.edit.spec.pictures] == [(1248, 832), (832, 1248)]
+    d = generation.diffusion
+    assert (d.width, d.height) == (832, 1248)  # size=auto: the last picture's, as the pipeline sizes it
+    for prompt in generation.prompts.values():  # the negative prompt reads the pictures too
+        assert prompt.engine_token_ids is not None and prompt.picture_tokens > 2 * 100
+    valid.release()
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [({"strength": 0.5}, "strength"), ({"input_fidelity": "high"}, "input_fidelity")],
+)
+def test_an_edit_model_refuses_a_strength_naming_the_field(edit_validator, body, param):
+    assert refused_edit(edit_validator, (96, 64), **body).param == param
+
+
+def test_an_edit_model_refuses_a_mask_more_pictures_than_it_reads_and_a_too_elongated_one(edit_validator):
+    assert refused_edit(edit_validator, (96, 64), mask=True).param == "mask"
+    too_many = refused_edit(edit_validator, *[(96, 64)] * 4)
+    assert too_many.param == "image" and "at most 3" in too_many.message
+    thin = refused_edit(edit_validator, (96, 64), (6000, 2), size="64x64")
+    assert (thin.param, thin.code) == ("image", "invalid_image_size")
+    assert edit_validator.edit_memory.held == 0  # nothing held by a refusal
+
+
+def test_an_edit_model_refuses_a_generation_from_text_alone(edit_validator):
+    request = ImageGenerationRequest.model_validate({"prompt": "a red circle"})
+    with pytest.raises(ApiError) as info:
+        edit_validator.generation(request, "req_1", 0.0, EDIT_DIT)
+    assert (info.value.status, info.value.param) == (400, "image")
+
+
+def test_a_prompt_typing_the_picture_placeholder_is_refused_naming_the_prompt(edit_validator):
+    assert refused_edit(edit_validator, (96, 64), prompt="see <|image_pad|>").param == "prompt"
