@@ -20,6 +20,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import openai
+import psutil
 import pytest
 import torch
 from diffusers.pipelines.qwenimage.pipeline_qwenimage_edit_plus import (
@@ -32,6 +34,7 @@ from PIL import Image
 
 from services.checkpoints import QWEN_IMAGE_EDIT_MODEL, default_model_dir
 from services.model_card import QWEN_IMAGE_EDIT_PLUS
+from tests.ar_service.test_input_images import png_header_only
 from tests.conftest import require_checkpoint
 from tests.e2e.conftest import pair_on_folder
 from tests.e2e.test_qwen_image_reference import Recorder, Seen
@@ -209,3 +212,41 @@ def test_the_checks_catch_another_picture_in_the_encoder_or_in_the_latents(refer
     for check in (lambda: check_pixels(wrong, right), lambda: check_pixels(wrong, right, rendered(bf16, ONE, 1.0))):
         with pytest.raises(AssertionError):
             check()
+
+
+# --- bad input loses nothing ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pair", ["float32"], indirect=True)
+def test_bad_pictures_are_400s_naming_image_and_the_next_edit_renders_as_before(pair, reference):
+    good = png(ONE[0])
+    bad = {
+        "not an image": [("a.png", b"not a picture", "image/png")],
+        "a truncated picture": [("a.png", good[: len(good) // 2], "image/png")],
+        "four pictures": [(f"{n}.png", good, "image/png") for n in range(4)],
+        "over the pixel cap": [("a.png", png_header_only(5000, 5000), "image/png")],
+    }
+    for files in bad.values():
+        with pytest.raises(openai.BadRequestError) as refused:
+            pair.client.images.edit(image=files, prompt=PROMPT, size=SIZE, extra_body={"num_inference_steps": STEPS})
+        assert isinstance(refused.value.body, dict) and refused.value.body["param"] == "image"
+    image, _, _ = pair.edit(ONE, guidance_scale=1.0)
+    check_pixels(image, rendered(reference[torch.float32], ONE, 1.0))
+
+
+@pytest.mark.parametrize("pair", ["float32"], indirect=True)
+def test_the_ars_memory_stays_flat_over_200_refused_pictures(pair):
+    """The AR runs in this process: its RSS is the test's. Refusals are decided on headers, nothing decoded."""
+    files = [(f"{n}.png", png(ONE[0]), "image/png") for n in range(4)]
+    bomb = [("a.png", png_header_only(5000, 5000), "image/png")]
+
+    def refuse(times: int) -> None:
+        for n in range(times):
+            with pytest.raises(openai.BadRequestError):
+                pair.client.images.edit(image=files if n % 2 else bomb, prompt=PROMPT, size=SIZE)
+
+    refuse(20)  # warm-up: the first requests allocate what every request reuses
+    before = psutil.Process().memory_info().rss
+    refuse(200)
+    grew = (psutil.Process().memory_info().rss - before) / 2**20
+    assert grew < 20, f"RSS grew {grew:.1f} MB over 200 refused edits"
