@@ -95,6 +95,8 @@ class GenerationRequest:
 class TokenUsage:
     prompt_tokens: int  # pictures' tokens included
     picture_tokens: int
+    pictures_read: int
+    pictures_encoded: int
     generated_tokens: int
     cached_tokens: int
     cache_creation_tokens: int
@@ -208,6 +210,8 @@ class ImageGenerator:
         usage = TokenUsage(
             prompt_tokens=sum(f.prompt_tokens for f in finished),
             picture_tokens=sum(prompt.picture_tokens for prompt in request.prompts.values()),
+            pictures_read=len(request.pictures) * len(request.prompts),
+            pictures_encoded=sum(f.pictures_encoded for f in finished),
             generated_tokens=len(cond.generated_token_ids),
             cached_tokens=sum(f.cached_tokens for f in finished),
             cache_creation_tokens=sum(f.cache_creation_tokens for f in finished),
@@ -221,6 +225,8 @@ class ImageGenerator:
         m.generated_tokens.inc(usage.generated_tokens)
         m.cached_tokens.inc(usage.cached_tokens)
         m.cache_creation_tokens.inc(usage.cache_creation_tokens)
+        m.pictures_read.inc(usage.pictures_read)
+        m.pictures_encoded.inc(usage.pictures_encoded)
         m.cached_tokens_per_request.observe(usage.cached_tokens)
         m.cache_creation_tokens_per_request.observe(usage.cache_creation_tokens)
         m.ttft_seconds.observe(ar.ttft)

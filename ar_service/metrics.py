@@ -111,6 +111,10 @@ class ArMetrics:
         self.generated_tokens = f.counter("generated_tokens", "Generated tokens.")
         self.cached_tokens = f.counter("cached_tokens", "Prompt tokens served from the prefix cache.")
         self.cache_creation_tokens = f.counter("cache_creation_tokens", "Prompt tokens written into cache blocks.")
+        # An edit model's pictures: each stream's prompt reads them; the vision tower encodes those whose embeddings
+        # vLLM's encoder cache does not hold (a picture edited again is read, not encoded).
+        self.pictures_read = f.counter("pictures_read", "Pictures the encoder read in prompts (all streams).")
+        self.pictures_encoded = f.counter("pictures_encoded", "Pictures the vision tower encoded (all streams).")
         self.cached_tokens_per_request = f.histogram(
             "request_cached_tokens", "Cached prompt tokens per request.", TOKEN_BUCKETS
         )

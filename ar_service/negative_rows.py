@@ -68,6 +68,7 @@ class NegativeRows:
             finished,
             cached_tokens=finished.prompt_tokens,
             cache_creation_tokens=0,
+            pictures_encoded=0,
             submitted_at=now,
             first_token_at=now,
             finished_at=now,

@@ -47,7 +47,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from ar_service.engine import draft_free
 from ar_service.engine.row_reader import RowReader
 from ar_service.engine.row_reads import RowReadMetadata
-from ar_service.engine.row_scheduler import ROW_COUNT_KEY, ROW_QUEUE_KEY, RowScheduler
+from ar_service.engine.row_scheduler import PICTURES_ENCODED_KEY, ROW_COUNT_KEY, ROW_QUEUE_KEY, RowScheduler
 from services.lifetime import die_with_parent
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.request import Request
 
-__all__ = ["ROW_COUNT_KEY", "ROW_QUEUE_KEY", "HiddenStateConnector"]
+__all__ = ["PICTURES_ENCODED_KEY", "ROW_COUNT_KEY", "ROW_QUEUE_KEY", "HiddenStateConnector"]
 
 
 class HiddenStateConnector(KVConnectorBase_V1, SupportsHMA):

@@ -28,7 +28,7 @@ import PIL.Image
 import torch
 from vllm.v1.engine.exceptions import EngineDeadError
 
-from ar_service.engine.connector import ROW_COUNT_KEY, ROW_QUEUE_KEY, HiddenStateConnector
+from ar_service.engine.connector import PICTURES_ENCODED_KEY, ROW_COUNT_KEY, ROW_QUEUE_KEY, HiddenStateConnector
 from ar_service.engine.row_channel import RowChannel, RowChunk, RowQueue
 from ar_service.engine.text_model import TextModel, TextModelError
 from ar_service.engine.vision_folder import linked_folder
@@ -85,6 +85,8 @@ class FinishedEvent:
     submitted_at: float  # perf_counter at submission
     first_token_at: float  # perf_counter when the first generated token came out
     finished_at: float
+    # Of the request's pictures, those the vision tower encoded (0 for each one whose embeddings vLLM still held).
+    pictures_encoded: int = 0
 
 
 EngineEvent = RowsEvent | FinishedEvent
@@ -362,7 +364,8 @@ class HiddenStateEngine:
         final = run.final
         if final is None:
             raise RuntimeError(f"{request.engine_request_id}: engine finished without a final output")
-        expected = (final.kv_transfer_params or {}).get(ROW_COUNT_KEY) if rows is not None else None
+        returned = final.kv_transfer_params or {}
+        expected = returned.get(ROW_COUNT_KEY) if rows is not None else None
         if expected is not None and expected != received:
             raise RuntimeError(f"{request.engine_request_id}: {received} rows received, engine reports {expected}")
         yield FinishedEvent(
@@ -375,6 +378,7 @@ class HiddenStateEngine:
             submitted_at=run.submitted_at,
             first_token_at=run.first_token_at or run.finished_at,
             finished_at=run.finished_at,
+            pictures_encoded=int(returned.get(PICTURES_ENCODED_KEY, 0)),
         )
 
     async def _next_rows(self, rows: RowQueue, task: asyncio.Task[None]) -> RowChunk:

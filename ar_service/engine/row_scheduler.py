@@ -16,8 +16,10 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 ROW_QUEUE_KEY = "ardit_row_queue"
-# Returned to the AR service in RequestOutput.kv_transfer_params on the final output.
+# Returned to the AR service in RequestOutput.kv_transfer_params on the final output: the rows sent, and how many
+# of its pictures the vision tower encoded (a picture whose embeddings vLLM's encoder cache held is not encoded).
 ROW_COUNT_KEY = "ardit_rows"
+PICTURES_ENCODED_KEY = "ardit_pictures_encoded"
 
 
 @dataclass
@@ -25,6 +27,7 @@ class _Tracked:
     request: Request
     row_queue: str
     sent: int = 0  # rows [0, sent) have been shipped for reading
+    pictures_encoded: int = 0
 
 
 class RowScheduler:
@@ -58,6 +61,7 @@ class RowScheduler:
             # num_computed_tokens is still this step's start (already corrected for rejected
             # drafts); the draft position written this step is final only once accepted, so it
             # is picked up next step (or at finish).
+            tracked.pictures_encoded += len(scheduler_output.scheduled_encoder_inputs.get(req_id, ()))
             spec = len(scheduler_output.scheduled_spec_decode_tokens.get(req_id, ()))
             end = tracked.request.num_computed_tokens + scheduled - spec
             if end > tracked.sent:
@@ -79,7 +83,7 @@ class RowScheduler:
         slots = self._slots(block_ids[self._group], tracked.sent, end) if block_ids[self._group] else []
         self._finishing.append(RowRead(tracked.row_queue, tracked.sent, slots, final=True, req_id=request.request_id))
         # Hold the blocks until the worker has read the last rows (it reports the id as sent).
-        return True, {ROW_COUNT_KEY: end}
+        return True, {ROW_COUNT_KEY: end, PICTURES_ENCODED_KEY: tracked.pictures_encoded}
 
     def _slots(self, blocks: list[int], start: int, end: int) -> list[int]:
         size = self._block_size

@@ -5,7 +5,8 @@ The rows are transformers' own ``hidden_states[-1]`` of the same prompt and pict
 the model's 3-D M-RoPE positions (transformers' processor gives ``mm_token_type_ids``; diffusers 0.42.1's
 ``encode_prompt`` drops them: docs/picture_encoders.md). The prefix cache reuses a picture's rows: the same picture
 with another instruction hits every whole block of the shared prefix, bitwise; another picture of the same size
-misses after the system prompt (64 tokens, under one 128-token block).
+misses after the system prompt (64 tokens, under one 128-token block). The connector counts the pictures the
+vision tower encoded for each request (``scheduled_encoder_inputs``): none for a picture vLLM's encoder cache holds.
 """
 
 from __future__ import annotations
@@ -105,7 +106,8 @@ def test_the_rows_of_an_edit_prompt_are_transformers_own_picture_tokens_included
 
 def test_three_pictures_of_three_sizes_are_read_in_order(encoder):
     images = picture(2), picture(3, 300, 500), picture(4, 640, 200)
-    built, rows, _ = encoder.encode("put the first on the second", *images)
+    built, rows, finished = encoder.encode("put the first on the second", *images)
+    assert finished.pictures_encoded == 3
     ids, expected = encoder.transformers_rows("put the first on the second", *images)
     assert built.token_ids == ids and built.engine_token_ids is not None
     assert built.engine_token_ids.count(encoder.prompts.pictures.placeholder_id) == 3
@@ -119,6 +121,8 @@ def test_the_same_picture_with_another_instruction_reuses_its_cached_rows_bitwis
     _, warm, again = encoder.encode("make it green", image, salt=salt)
     assert first.cached_tokens == 0 and again.cached_tokens == 128  # the whole blocks of 64 + 176 shared tokens
     assert torch.equal(cold[:128], warm[:128])
+    # vLLM's encoder cache held the picture's embeddings: the vision tower did not run again for it.
+    assert (first.pictures_encoded, again.pictures_encoded) == (1, 0)
 
 
 def test_another_picture_of_the_same_size_misses_after_the_system_prompt(encoder):
@@ -126,6 +130,7 @@ def test_another_picture_of_the_same_size_misses_after_the_system_prompt(encoder
     encoder.encode("make it blue", picture(6), salt=salt)
     _, _, other = encoder.encode("make it blue", picture(7), salt=salt)
     assert other.cached_tokens == 0  # the 64 system-prompt tokens fill no 128-token block
+    assert other.pictures_encoded == 1
 
 
 def test_a_prompt_that_types_the_picture_placeholder_is_refused(encoder):
