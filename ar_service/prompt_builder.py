@@ -30,6 +30,8 @@ from shared.row_recipe import RowRecipe
 _PROMPT_MARK = "\x00ardit-prompt\x00"
 # The token each picture's prompt holds once, where vLLM and the processor put the picture's tokens (Qwen2.5-VL's).
 PICTURE_PLACEHOLDER = "<|image_pad|>"
+# The tokens a Qwen VL encoder places pictures and video by (its 3-D positions start at each vision start).
+VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>", "<|vision_pad|>")
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,8 @@ class PicturePrompts:
     reading: PictureReading
     image_processor: Any
     placeholder_id: int
+    # The ids of the tokens that mark pictures (and video) to the encoder: the template's own, never the user's.
+    vision_ids: frozenset[int]
 
     def tokens(self, width: int, height: int) -> int:
         processor = self.image_processor
@@ -56,7 +60,7 @@ class PicturePrompts:
 
 
 class PromptError(ValueError):
-    """A prompt the family's template cannot hold as given (a picture placeholder typed in its text)."""
+    """A prompt the family's template cannot hold as given (a vision token typed in its text)."""
 
 
 class PromptBuilder:
@@ -96,7 +100,8 @@ class PromptBuilder:
         if text_model.pictures is not None and text_model.processor_dir is not None:
             image_processor = AutoImageProcessor.from_pretrained(str(text_model.processor_dir))
             (placeholder,) = tokenizer.encode(PICTURE_PLACEHOLDER, add_special_tokens=False)
-            pictures = PicturePrompts(text_model.pictures, image_processor, placeholder)
+            vision = frozenset(tokenizer.encode("".join(VISION_TOKENS), add_special_tokens=False))
+            pictures = PicturePrompts(text_model.pictures, image_processor, placeholder, vision)
         return cls(tokenizer, template, rows.drops_template, pictures)
 
     @property
@@ -117,9 +122,9 @@ class PromptBuilder:
         if self.pictures is None:
             raise ValueError("this model's prompts hold no pictures")
         placeholder = self.pictures.placeholder_id
+        if typed := sorted(set(self._encode(text)) & self.pictures.vision_ids):
+            raise PromptError(f"the prompt holds the vision tokens {self.tokenizer.convert_ids_to_tokens(typed)}")
         ids = self._encode(self.template.format(self.pictures.reading.prompt(len(picture_sizes), text)))
-        if ids.count(placeholder) != len(picture_sizes):
-            raise PromptError(f"the prompt holds the picture placeholder {PICTURE_PLACEHOLDER}")
         counts = iter(self.pictures.tokens(*size) for size in picture_sizes)
         expanded = [each for id in ids for each in ([id] * next(counts) if id == placeholder else [id])]
         return BuiltPrompt(expanded, self.prefix_tokens, ids, len(expanded) - len(ids) + len(picture_sizes))

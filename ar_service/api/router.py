@@ -68,8 +68,8 @@ def build_router(serving: ImageServing, sse_keepalive_seconds: float) -> APIRout
     async def variations() -> Response:
         raise ApiError(
             404,
-            "image variations are not served here: ardit renders from text (a variation needs an image encoder "
-            "it does not have); use /v1/images/edits with a prompt",
+            "image variations are not served here: a variation is an edit without a prompt, which no model ardit "
+            "serves takes; use /v1/images/edits with a prompt",
             code="unsupported_endpoint",
         )
 

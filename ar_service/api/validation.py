@@ -30,6 +30,7 @@ from ar_service.input_images import EditMemory, EditPixels, Held, OutputSize, de
 from ar_service.prompt_builder import BuiltPrompt, PromptBuilder, PromptError
 from ar_service.settings import ArSettings
 from services.errors import ApiError
+from services.model_card import PictureReading
 from shared.capabilities import DitCapabilities
 from shared.diffusion import DiffusionParams, OutputFormat, StepCache, parse_size
 from shared.errors import InvalidDiffusionParams
@@ -162,15 +163,15 @@ class RequestValidator:
         uploads = [read_upload(file.data, None, self.settings.max_edit_input_pixels) for file in form.images]
         read_sizes = reference_pictures.checked_sizes(uploads, reading)
         requested = None if body.size == "auto" else _size(body.size, dit)
-        size = requested or reading.vae_size(*uploads[-1].size)
+        size = requested or _auto_reference_size(uploads[-1].size, reading, dit)
         if requested is None:
             _drawable(uploads[-1].size, size, dit)
         valid = self._valid(body, "image_edit", request_id, received_at, dit, size, tenant, read_sizes)
         held = self.edit_memory.hold(reference_pictures.memory(uploads, reading))
         try:
             pictures = await asyncio.to_thread(reference_pictures.decode_references, uploads, reading)
-            last = pictures.read[-1].size
-            upright = requested or reading.vae_size(*last)  # an upright turn swaps the sides
+            # An upright turn swaps the last picture's sides, and so the size drawn from it.
+            upright = requested or _auto_reference_size(pictures.read[-1].size, reading, dit)
             generation = dataclasses.replace(valid.generation, pictures=pictures.read)
             edit = EditHandoff.of(None, EditPixels(pictures.sent, None))
             return ValidGeneration(generation, valid.response).with_edit(edit, upright, held)
@@ -281,6 +282,16 @@ def _output_format(requested: RequestedFormat, dit: DitCapabilities) -> OutputFo
         if announced == requested:
             return announced
     raise _invalid(f"output_format {requested!r} is not supported here", "output_format", "unsupported_value")
+
+
+def _auto_reference_size(picture: tuple[int, int], reading: PictureReading, dit: DitCapabilities) -> tuple[int, int]:
+    """``size=auto`` of an edit model: what its pipeline draws, the last picture's shape at its VAE area; where the DiT
+    lists the sizes it draws, the listed size nearest that shape (as Qwen-Image's edits choose)."""
+    drawn = reading.vae_size(*picture)
+    if dit.limits.sizes is None:
+        return drawn
+    listed = tuple(parse_size(s) for s in dit.limits.sizes)
+    return OutputSize(None, dit.limits.size_multiple, dit.limits.max_pixels, listed).for_input(*drawn)
 
 
 def _drawable(upload: tuple[int, int], size: tuple[int, int], dit: DitCapabilities) -> None:

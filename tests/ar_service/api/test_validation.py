@@ -432,5 +432,21 @@ def test_an_edit_model_refuses_a_generation_from_text_alone(edit_validator):
     assert (info.value.status, info.value.param) == (400, "image")
 
 
-def test_a_prompt_typing_the_picture_placeholder_is_refused_naming_the_prompt(edit_validator):
-    assert refused_edit(edit_validator, (96, 64), prompt="see <|image_pad|>").param == "prompt"
+@pytest.mark.parametrize("typed", ["<|image_pad|>", "<|vision_start|>", "<|video_pad|>"])
+def test_a_prompt_typing_a_vision_token_is_refused_naming_the_prompt(edit_validator, typed):
+    refusal = refused_edit(edit_validator, (96, 64), prompt=f"see {typed}")
+    assert refusal.param == "prompt" and typed in refusal.message
+
+
+def test_size_auto_is_the_listed_size_nearest_the_pictures_where_the_dit_lists_sizes(edit_validator):
+    listed = EDIT_DIT.model_copy(
+        update={
+            "limits": EDIT_DIT.limits.model_copy(
+                update={"sizes": ["1024x1024", "1184x896", "896x1184"], "max_pixels": 1184 * 1184}
+            )
+        }
+    )
+    form = EditForm(edit_request(size="auto"), [Upload("a.png", png(1600, 1150))], None)
+    valid = asyncio.run(edit_validator.edit(form, "req_1", 0.0, listed))
+    assert (valid.generation.diffusion.width, valid.generation.diffusion.height) == (1184, 896)
+    valid.release()

@@ -136,5 +136,5 @@ def test_another_picture_of_the_same_size_misses_after_the_system_prompt(encoder
 def test_a_prompt_that_types_the_picture_placeholder_is_refused(encoder):
     from ar_service.prompt_builder import PromptError
 
-    with pytest.raises(PromptError, match="image_pad"):
+    with pytest.raises(PromptError, match=r"image_pad"):
         encoder.prompts.build("<|image_pad|> here", [(448, 320)])
