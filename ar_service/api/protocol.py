@@ -230,12 +230,15 @@ class ImageEditRequest(ImageRequest):
     """An edit's form fields (the image, mask and markup files are not fields: ``edit_form``)."""
 
     input_fidelity: Literal["high", "low"] | None = Field(
-        None, description="The default `strength`: `low` (the default) 0.6, `high` 0.3."
+        None,
+        description="The default `strength`: `low` (the default) 0.6, `high` 0.3. Refused by a model that takes no "
+        "strength (an edit model whose encoder reads the pictures).",
     )
     strength: Annotated[Number, Field(ge=0.0, le=1.0)] | None = Field(
         None,
         description="diffusers' img2img strength: the last ceil(steps * strength) steps of the schedule run from the "
-        "noised input; 0 returns the input through the VAE and back, 1 starts from noise.",
+        "noised input; 0 returns the input through the VAE and back, 1 starts from noise. Refused by a model that "
+        "takes no strength (an edit model whose encoder reads the pictures).",
     )
 
 
