@@ -18,12 +18,13 @@ architecture, at a toy size.
   has no such file, and its ``preprocessor_config.json`` names ``processor_class``, which transformers 5 no longer
   writes and ``AutoProcessor`` needs to find the processor from that folder.
 - ``transformer/``: the plumbing DiT's recipe (``build_tiny_qwen_image``) at the text encoder's width
-  (``joint_attention_dim`` 128), 4 layers, with ``zero_cond_t: true``, the key that tells 2511's published
+  (``joint_attention_dim`` 128), 2 layers, with ``zero_cond_t: true``, the key that tells 2511's published
   transformer from 2509's: the condition pictures' latent tokens are modulated at timestep 0, the noise's at the
   step's (diffusers' ``QwenImageTransformer2DModel`` doubles the timestep batch and gives each token a
-  ``modulate_index``). Drawn so that the conditioning shows in the output (``TRANSFORMER_INIT``: He-scaled Linear
-  weights, attention q/k RMSNorm weights around 4, the rows' RMSNorm around 1, nn.Linear's biases around 0): at
-  torch's default init one changed word or another picture moved a 64x64 output by 1/255. bf16.
+  ``modulate_index``). Drawn so that the conditioning shows in the output and bf16 does not drown it
+  (``TRANSFORMER_INIT``: Linear weights with std 1.2 / sqrt(fan_in), attention q/k RMSNorm weights around 4, the
+  rows' RMSNorm around 1, nn.Linear's biases around 0, a timestep embedder that reads only the slow sinusoids):
+  at torch's default init one changed word or another picture moved a 64x64 output by 1/255. bf16.
 - ``model_index.json``: ``QwenImageEditPlusPipeline`` with its six parts (``processor`` included), as diffusers
   saves it. No ``ardit.json``: the folder is served with the edit model's own defaults (``services.model_card``).
 
@@ -83,16 +84,33 @@ CHAT_TEMPLATE = (
 # The DiT's weights: a seeded random QwenImageTransformer2DModel is nearly blind to its conditioning. The noise's 16
 # tokens (64x64) attend over ~4,270 (the condition picture's ~4,056 latent tokens at the 1024x1024 area, ~200 rows),
 # and "a" vs "b" changes one row of them: with torch's default init (2 layers) that moved the output by 1/255 and a
-# different picture by 1/255. What makes one row count here: 4 layers instead of the plumbing DiT's 2, Linear
-# weights drawn with std sqrt(2 / fan_in) (He; torch's default is sqrt(1 / (3 fan_in)), which leaves the
-# modulation's gates near 0), and attention q/k RMSNorm weights drawn around 4, so each query attends to a few
-# tokens (logits std ~16, not ~1). Seeds 0-5 then move the output by 12/255 to 55/255 for
-# "a" vs "b" (seed 0: 55/255) and 166/255 to 255/255 for another picture.
-TRANSFORMER_LAYERS = 4
+# different picture by 1/255. Sharper attention (q/k RMSNorm weights around 4, so logits std ~16 not ~1) and larger
+# Linear weights make one row or picture count, but also make the model chaotic in bf16, and the reference tests
+# compare ardit's bf16 error with diffusers' own bf16-vs-fp32 error, which must then be far smaller than a wrong
+# picture's. Measured with diffusers' pipeline (64x64, 3 steps, seed 11, rows from its encoder, pictures 96x64 of
+# seeded noise 1-3; "wrong latents": picture 99's latents beside picture 1's rows), as levels of 255, mean/max:
+#
+#   init (seed 0)                       another picture  "a" vs "b"   wrong latents  bf16 vs fp32
+#   4 layers, std sqrt(2), q/k 3.5-4.5       29-33/194-211   5.9/63        16.7/143       41/234-254
+#   the same, sinusoids <= 0.01 rad only     25-30/176-200   10.8/111      17.6/150       8.4-12.5/75-110
+#   2 layers, std 1.2, q/k 3.5-4.5, <= 0.003 14-15/117-156   3.0-6.0/27-51 3.6/54         1.5-1.9/12-16
+#     with CFG (true_cfg_scale 4, " ")       18-20/164-181   14-17/118-159 6.0/63         2.7-3.8/28-32
+#
+# Most of the old bf16 error was the timestep: diffusers' bf16 pipeline rounds t to bf16 before the embedding (582.4 to
+# 584), which turns each sinusoid of f rad per unit of t by up to 2f (the fastest, f = 1, by 2 rad), and random
+# weights read them all (a bf16 DiT fed the fp32 t: 18/180 of the 41/245). So the timestep embedder's first Linear
+# reads only the sinusoids of at most 0.003 rad per unit (47 of 128 frequencies; the rest of its columns 0, the kept
+# ones scaled to their fan-in), as a trained model ignores what bf16 cannot resolve; and 2 layers at std 1.2 keep the
+# rest of the bf16 error (its DiT's arithmetic ~1/255 mean, the bf16 VAE's decode ~0.9/255) under a fifth of another
+# picture's, mean and max, with CFG and without. (2 layers at std sqrt(2), q/k 2.5-3.5: as sensitive, but wrong
+# latents 1.7/20 against a bf16 error of 1.5/10; 3 layers or q/k 4-5: wrong latents up to 7.7 but bf16 errors up to
+# 4/55.)
+TRANSFORMER_LAYERS = 2
 TRANSFORMER_INIT: dict[str, Any] = {
-    "linear_weight_std_times_sqrt_fan_in": math.sqrt(2.0),
+    "linear_weight_std_times_sqrt_fan_in": 1.2,
     "attention_qk_norm_weights": [3.5, 4.5],
     "norm_weights": [0.5, 1.5],  # the rows' RMSNorm (txt_norm)
+    "timestep_embedding_max_frequency": 0.003,  # rad per unit of t (0-1000): the sinusoids the DiT reads
 }
 QK_NORMS = ("norm_q", "norm_k", "norm_added_q", "norm_added_k")
 
@@ -129,7 +147,20 @@ def edit_transformer(spec: dict[str, Any]) -> Any:
                 qk = name.rsplit(".", 1)[-1] in QK_NORMS
                 low, high = init["attention_qk_norm_weights"] if qk else init["norm_weights"]
                 module.weight.uniform_(low, high)
+        read_slow_sinusoids(model.time_text_embed.timestep_embedder.linear_1, init["timestep_embedding_max_frequency"])
     return model.to(torch.bfloat16)
+
+
+def read_slow_sinusoids(linear: Any, max_frequency: float) -> None:
+    """Zero the columns of the Linear that reads diffusers' 256 timestep sinusoids (cos then sin of t * 10000^(-k/128),
+    t in 0-1000) whose frequency is above ``max_frequency``; scale the rest to the fan-in they keep."""
+    import torch
+
+    half = linear.in_features // 2
+    frequency = torch.exp(-math.log(10000) * (torch.arange(linear.in_features) % half) / half)
+    kept = frequency <= max_frequency
+    linear.weight[:, ~kept] = 0
+    linear.weight.mul_(math.sqrt(linear.in_features / int(kept.sum())))
 
 
 def processor(spec: dict[str, Any], tokenizer_dir: Path) -> Any:
