@@ -75,7 +75,7 @@ class SharedModels:
         options = ConditioningOptions(
             special_token_ids=dit.special_token_ids,
             image_token_start_id=dit.image_token_start_id,
-            max_sequence_length=dit.max_sequence_length,
+            max_sequence_length=dit.conditioning_rows(self.dit.card),
             pad_to_multiple=dit.pad_to_multiple,
             dtype=self.dit.facts.dtype,
         )

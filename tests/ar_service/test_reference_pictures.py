@@ -13,10 +13,15 @@ from diffusers.image_processor import VaeImageProcessor
 from ar_service.input_images import read_upload
 from ar_service.reference_pictures import checked_sizes, decode_references, memory
 from services.errors import ApiError
-from services.model_card import QWEN_IMAGE_EDIT_PLUS
+from services.model_card import QWEN_IMAGE_EDIT_PLUS, PictureReading
 
-READING = QWEN_IMAGE_EDIT_PLUS.reads_pictures
-assert READING is not None
+
+def reading() -> PictureReading:
+    assert QWEN_IMAGE_EDIT_PLUS.reads_pictures is not None
+    return QWEN_IMAGE_EDIT_PLUS.reads_pictures
+
+
+READING = reading()
 MAX_PIXELS = 50_000_000
 
 

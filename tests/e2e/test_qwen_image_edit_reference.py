@@ -44,6 +44,8 @@ pytestmark = pytest.mark.slow
 
 FOLDER = default_model_dir(QWEN_IMAGE_EDIT_MODEL)
 CARD = QWEN_IMAGE_EDIT_PLUS
+assert CARD.reads_pictures is not None
+READING = CARD.reads_pictures
 SIZE, STEPS, SEED = "64x64", 3, 11
 PROMPT = "turn the sky into a sunset"
 VISION_END = 151653  # <|vision_end|>, after each picture's tokens
@@ -108,7 +110,7 @@ def condition_pictures(pipeline: QwenImageEditPlusPipeline, images: Sequence[Ima
 def encoded(pipeline: QwenImageEditPlusPipeline, prompt: str, images: Sequence[Image.Image]) -> torch.Tensor:
     """``_get_qwen_prompt_embeds``' steps with the processor's ``mm_token_type_ids`` passed on (diffusers#14189)."""
     pictures = condition_pictures(pipeline, images)
-    text = pipeline.prompt_template_encode.format(CARD.reads_pictures.prompt(len(images), prompt))
+    text = pipeline.prompt_template_encode.format(READING.prompt(len(images), prompt))
     inputs = pipeline.processor(text=[text], images=pictures, padding=True, return_tensors="pt")
     with torch.no_grad():
         hidden = pipeline.text_encoder(**inputs, output_hidden_states=True).hidden_states[-1]
@@ -148,7 +150,7 @@ def test_what_conditions_the_dit_is_the_encoder_reading_the_pictures(pair, refer
     _, seen, usage = pair.edit(images, guidance_scale=1.0)
     fp32 = reference[torch.float32]
     stream = seen.handoff.streams["cond"]
-    text = fp32.prompt_template_encode.format(CARD.reads_pictures.prompt(len(images), PROMPT))
+    text = fp32.prompt_template_encode.format(READING.prompt(len(images), PROMPT))
     expected_ids = fp32.processor(text=[text], images=condition_pictures(fp32, images))["input_ids"][0]
     assert stream.prefix_tokens == fp32.prompt_template_encode_start_idx == 64
     assert stream.token_ids[: stream.answer_start_index] == list(expected_ids)
