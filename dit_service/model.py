@@ -2,9 +2,9 @@
 
 One diffusers pipeline object is not thread-safe (its scheduler holds the step index and its
 ``_interrupt``/``_guidance_scale`` live on the object), but the weights are read-only during
-inference. So the weights are loaded once, by the family's own pipeline (the folder's ``model_index.json``
-class, its model card's ``family``: ``services.model_card``), without the text side (the AR reads the text
-and, for an edit model, the pictures), and each request gets a fresh pipeline object over the same
+inference. So the weights are loaded once, by the pipeline of the family's first render (its model card's
+``loading_pipeline``: text to image, else its edit's; ``services.model_card``), without the text side (the AR
+reads the text and, for an edit model, the pictures), and each request gets a fresh pipeline object over the same
 transformer and VAE with its own scheduler built from the shared config: text to image, or an edit where
 the family edits (Qwen-Image's ``QwenImageImg2ImgPipeline``, ``QwenImageInpaintPipeline`` with a mask;
 Qwen-Image-Edit's ``QwenImageEditPlusPipeline``) — the same components driven the way diffusers' own
@@ -75,7 +75,7 @@ class DitModel:
     def load(cls, model_dir: Path, device: str, dtype_name: str) -> DitModel:
         dtype = ALLOWED_DTYPES[dtype_name]
         card = ModelCard.read(model_dir)  # before the weights: a card naming layers the folder lacks fails at once
-        pipeline = pipeline_class(card.family)
+        pipeline = pipeline_class(card.loading_pipeline)
         base = pipeline.from_pretrained(str(model_dir), **_without_text_side(pipeline), dtype=dtype)
         base.to(device)
         log.info("loaded %s (%s) on %s as %s", model_dir, card.family, device, dtype_name)

@@ -143,6 +143,12 @@ class ModelCard(BaseModel):
         return self.service_decodes and bool({"image_to_image", "reference_edit"} & self.pipelines.keys())
 
     @property
+    def loading_pipeline(self) -> str:
+        """The pipeline class its weights load by: its text to image one, else its edit's (diffusers' class of that
+        name; the family's own name may be a card's alone, as a folder made for ardit names it)."""
+        return self.pipelines.get("text_to_image") or self.pipelines["reference_edit"]
+
+    @property
     def text_to_image(self) -> bool:
         """Whether it draws from text alone (an edit model's pipeline may not)."""
         return "text_to_image" in self.pipelines

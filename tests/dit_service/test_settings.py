@@ -30,7 +30,14 @@ def test_defaults(monkeypatch):
     assert (settings.host, settings.port) == ("127.0.0.1", 8001)
     assert settings.handoff_token is None
     assert str(settings.model_dir) == "/cache/models/ardit-demo"
-    assert settings.max_sequence_length == 512
+    assert settings.max_sequence_length is None  # the family's, by its card
+
+
+def test_the_conditioning_rows_are_the_cards_unless_the_operator_sets_them():
+    from services.model_card import QWEN_IMAGE, QWEN_IMAGE_EDIT_PLUS
+
+    assert [DitSettings().conditioning_rows(card) for card in (QWEN_IMAGE, QWEN_IMAGE_EDIT_PLUS)] == [512, 1024]
+    assert DitSettings(max_sequence_length=77).conditioning_rows(QWEN_IMAGE_EDIT_PLUS) == 77
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
