@@ -70,16 +70,20 @@ class PromptBuilder:
         template: str,
         drops_template: bool = True,
         pictures: PicturePrompts | None = None,
+        dropped_prefix: str | None = None,
     ) -> None:
         """``drops_template``: the template's rows before the prompt do not condition the DiT (``prefix_tokens``
-        counts them; else it is 0). ``pictures``: how prompts hold pictures, where the family reads them."""
+        counts them; else it is 0), or only those of ``dropped_prefix``, the template's start, where it is given.
+        ``pictures``: how prompts hold pictures, where the family reads them."""
         if template.count("{}") != 1:
             raise ValueError("the prompt template needs exactly one {}")
         self.tokenizer = tokenizer
         self.template = template
         self._drops_template = drops_template
         self.pictures = pictures
-        prefix = template.split("{}")[0]
+        prefix = template.split("{}")[0] if dropped_prefix is None else dropped_prefix
+        if not template.split("{}")[0].startswith(prefix):
+            raise ValueError("the dropped prefix is not the start of the template before its {}")
         self._prefix_ids = self._encode(prefix)
         probe = self._encode(template.format("probe"))
         if probe[: len(self._prefix_ids)] != self._prefix_ids:
@@ -102,7 +106,7 @@ class PromptBuilder:
             (placeholder,) = tokenizer.encode(PICTURE_PLACEHOLDER, add_special_tokens=False)
             vision = frozenset(tokenizer.encode("".join(VISION_TOKENS), add_special_tokens=False))
             pictures = PicturePrompts(text_model.pictures, image_processor, placeholder, vision)
-        return cls(tokenizer, template, rows.drops_template, pictures)
+        return cls(tokenizer, template, rows.drops_template, pictures, rows.dropped_prefix)
 
     @property
     def reading(self) -> PictureReading | None:

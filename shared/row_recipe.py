@@ -33,6 +33,9 @@ QWEN_IMAGE_EDIT_TEMPLATE = (
     "that meets the user's requirements while maintaining consistency with the original input where appropriate."
     "<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 )
+# Qwen-Image-2.1's (QwenImage21Pipeline's text-to-image template) and the system message its rows start after.
+QWEN_IMAGE_21_SYSTEM = "<|im_start|>system\nComprehend and analyze the provided prompt.<|im_end|>\n"
+QWEN_IMAGE_21_TEMPLATE = QWEN_IMAGE_21_SYSTEM + "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 # Most layers one row may stack (FLUX.2 [klein] stacks 3).
 MAX_LAYERS = 8
 
@@ -50,6 +53,10 @@ class RowRecipe(WireModel):
     # Whether the template's rows before the prompt are left out (Qwen-Image's ``encode_prompt`` drops them; Z-Image's
     # and FLUX.2's keep every row): the AR then says where the prompt starts (``prefix_tokens``).
     drops_template: bool = True
+    # Where the template's rows left out end before the prompt does: its text from the start, a prefix of the
+    # template (Qwen-Image-2.1's ``encode_prompt`` drops its system message only and keeps the user turn's opening).
+    # None: every row before the prompt is left out.
+    dropped_prefix: Annotated[str, Field(max_length=4096)] | None = None
     # Which rows condition the DiT: the DiT's conditioning adapter of that name (``dit_service.conditioning``).
     conditioning: Annotated[str, Field(min_length=1, max_length=64)] = "qwen_image"
 

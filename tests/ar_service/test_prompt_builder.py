@@ -30,3 +30,19 @@ def test_template_needs_one_placeholder(settings):
         assert "{}" in str(exc)
     else:
         raise AssertionError("a template without {} was accepted")
+
+
+def test_a_dropped_prefix_leaves_out_only_its_own_rows(settings):
+    """Qwen-Image-2.1 drops its system message and keeps the user turn's opening: the prefix is that message alone."""
+    from transformers import AutoTokenizer
+
+    from ar_service.engine.text_model import TextModel
+    from shared.row_recipe import QWEN_IMAGE_21_SYSTEM, QWEN_IMAGE_21_TEMPLATE
+
+    tokenizer = AutoTokenizer.from_pretrained(str(TextModel.read(settings.model_dir).tokenizer_dir))
+    builder = PromptBuilder(tokenizer, QWEN_IMAGE_21_TEMPLATE, dropped_prefix=QWEN_IMAGE_21_SYSTEM)
+    built = builder.build("a red fox")
+    assert tokenizer.decode(built.token_ids[: built.prefix_tokens]) == QWEN_IMAGE_21_SYSTEM
+    assert tokenizer.decode(built.token_ids[built.prefix_tokens :]).startswith("<|im_start|>user\na red fox")
+    with pytest.raises(ValueError, match="not the start of the template"):
+        PromptBuilder(tokenizer, QWEN_IMAGE_21_TEMPLATE, dropped_prefix="<|im_start|>user\n")
