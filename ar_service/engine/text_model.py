@@ -128,7 +128,9 @@ def _processor_dir(model_dir: Path, weights_dir: Path) -> Path:
 def _pipeline_text_encoder(model_dir: Path) -> tuple[Path, Path]:
     index = _json(model_dir / PIPELINE_INDEX, "the pipeline's index")
     parts: list[Path] = []
-    for part in ("text_encoder", "tokenizer"):
+    # A pipeline that tokenizes with its processor (Qwen-Image-2.1's) keeps the tokenizer's files there.
+    tokenizer = "tokenizer" if "tokenizer" in index or "processor" not in index else "processor"
+    for part in ("text_encoder", tokenizer):
         if (index.get(part) or [None])[0] is None or not (model_dir / part).is_dir():
             raise TextModelError(
                 f"{model_dir} is a {index.get('_class_name', 'diffusers')} folder without its {part}/: the AR "

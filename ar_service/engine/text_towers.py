@@ -27,6 +27,10 @@ TEXT_TOWERS = {
         "ar_service.engine.qwen2_5_vl_text:Qwen2_5_VLTextTower",
     ),
     "Qwen3Model": ("ArditQwen3Decoder", "ar_service.engine.qwen3_decoder:Qwen3Decoder"),
+    "Qwen3VLForConditionalGeneration": (
+        "ArditQwen3VLTextTower",
+        "ar_service.engine.qwen3_vl_text:Qwen3VLTextTower",
+    ),
 }
 # Towers of a checkpoint without an LM head: the head is the embedding, tied (the sampled token is never read).
 HEADLESS = {"Qwen3Model"}
@@ -52,6 +56,10 @@ def text_only_overrides(config: Any) -> Any:
     if architecture in HEADLESS:
         config.tie_word_embeddings = True
     text = config.get_text_config()
+    for name in ("vocab_size", "hidden_size"):
+        # vLLM's causal LMs size their head from the top-level config; Qwen3-VL's keeps them in ``text_config`` only.
+        if not hasattr(config, name):
+            setattr(config, name, getattr(text, name))
     if not hasattr(text, "tie_word_embeddings"):
         # transformers 5 keeps it on the top-level config only, where a hub-style (flat) config.json puts it.
         text.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))

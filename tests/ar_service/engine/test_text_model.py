@@ -138,6 +138,26 @@ def test_z_images_bare_qwen3_decoder_is_served_as_a_causal_model_with_its_cards_
     assert config.architectures == ["ArditQwen3Decoder"] and config.tie_word_embeddings is True
 
 
+def test_qwen_image_21s_qwen3_vl_is_served_text_only_with_its_processors_tokenizer():
+    """Qwen-Image-2.1's pipeline has no tokenizer/: it tokenizes with its processor, whose folder holds the files. Its
+    Qwen3-VL nests the language model's config, which vLLM's causal LM reads its head's size from at the top."""
+    from transformers import AutoConfig
+
+    from services.checkpoints import QWEN_IMAGE_21_MODEL
+
+    folder = require_checkpoint(default_model_dir(QWEN_IMAGE_21_MODEL))
+    text_model = TextModel.read(folder)
+    assert (text_model.weights_dir, text_model.tokenizer_dir) == (folder / "text_encoder", folder / "processor")
+    assert text_model.text_tower == "ArditQwen3VLTextTower" and text_model.pictures is None
+    assert (
+        text_model.card_rows is not None and text_model.card_rows.layers == [4] and not text_model.card_rows.final_norm
+    )
+    config = text_only_overrides(AutoConfig.from_pretrained(folder / "text_encoder"))
+    text = config.get_text_config()
+    assert config.architectures == ["ArditQwen3VLTextTower"] and "mrope_section" not in text.rope_parameters
+    assert (config.vocab_size, config.hidden_size) == (text.vocab_size, text.hidden_size) == (151936, 128)
+
+
 def test_a_family_folder_whose_text_encoder_lacks_the_cards_layers_is_refused_naming_them(tmp_path):
     from services.checkpoints import FLUX2_KLEIN_MODEL
 
