@@ -52,9 +52,13 @@ Pipeline = Any
 TEXT_SIDE = ("text_encoder", "tokenizer", "processor")
 
 
-def _without_text_side(pipeline: type[Any]) -> dict[str, None]:
-    """None for each text-side component ``pipeline`` takes (Qwen-Image-Edit's takes a processor too)."""
-    return {name: None for name in TEXT_SIDE if name in inspect.signature(pipeline).parameters}
+def _without_text_side(pipeline: type[Any], processor: Any = None) -> dict[str, Any]:
+    """None for each text-side component ``pipeline`` takes (Qwen-Image-Edit's takes a processor too), but
+    ``processor`` where one is given (a pipeline that reads it when built: ``ModelCard.pipeline_needs_processor``)."""
+    parts: dict[str, Any] = {name: None for name in TEXT_SIDE if name in inspect.signature(pipeline).parameters}
+    if processor is not None:
+        parts["processor"] = processor
+    return parts
 
 
 class DitModel:
@@ -76,7 +80,10 @@ class DitModel:
         dtype = ALLOWED_DTYPES[dtype_name]
         card = ModelCard.read(model_dir)  # before the weights: a card naming layers the folder lacks fails at once
         pipeline = pipeline_class(card.loading_pipeline)
-        base = pipeline.from_pretrained(str(model_dir), **_without_text_side(pipeline), dtype=dtype)
+        text_side = _without_text_side(pipeline)
+        if card.pipeline_needs_processor:
+            del text_side["processor"]  # diffusers loads it from the folder's processor/
+        base = pipeline.from_pretrained(str(model_dir), **text_side, dtype=dtype)
         base.to(device)
         log.info("loaded %s (%s) on %s as %s", model_dir, card.family, device, dtype_name)
         return cls(base, torch.device(device), dtype, card)
@@ -88,7 +95,7 @@ class DitModel:
             scheduler=FlowMatchEulerDiscreteScheduler.from_config(self._base.scheduler.config),
             vae=self.vae.encoding_under_lock() if kind == "reference_edit" else self.vae.module,
             transformer=self.transformer,
-            **_without_text_side(kind_class),
+            **_without_text_side(kind_class, self._base.processor if self.card.pipeline_needs_processor else None),
             **options,
         )
         pipeline.set_progress_bar_config(disable=True)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -237,6 +238,9 @@ class Renderer:
                 result = self._codec.packed(inputs["image"])  # strength 0: the input's own latents, decoded
             else:
                 pipeline = self._pipeline(kind, callback if preview_at else None)
+                if not _takes(pipeline, "max_sequence_length"):
+                    # Qwen-Image-2.1's ``__call__`` cuts no rows, so it takes no such limit.
+                    inputs = {name: value for name, value in inputs.items() if name != "max_sequence_length"}
                 seeds = [item.job.params.seed + image.index for image, item in images]
                 stages.enter_context(
                     step_cache(self.model.transformer, params.step_cache, self.metrics.step_cache_passes)
@@ -336,6 +340,11 @@ class Renderer:
 
 def _one_by_one(job: RenderJob) -> list[list[_Image]]:
     return [[_Image(0, index)] for index in range(job.params.num_images)]
+
+
+def _takes(pipeline: Pipeline, argument: str) -> bool:
+    """Whether the pipeline's ``__call__`` takes ``argument``."""
+    return argument in inspect.signature(pipeline.__call__).parameters
 
 
 def _valid_rows(embeds: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
