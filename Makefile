@@ -12,6 +12,8 @@ TINY_DIT_DIR := $(ARDIT_CACHE_DIR)/models/qwen-image-tiny
 FULL_QWEN_IMAGE_DIR := $(ARDIT_CACHE_DIR)/models/qwen-image-full-tiny
 # A tiny Qwen-Image-Edit-2511 (its Qwen2.5-VL reads the pictures), in the published folder layout.
 QWEN_IMAGE_EDIT_DIR := $(ARDIT_CACHE_DIR)/models/qwen-image-edit-tiny
+# A tiny Qwen-Image-2.1 (Qwen3-VL encoder, RGBA VAE), in the folder layout its pipeline saves.
+QWEN_IMAGE_21_DIR := $(ARDIT_CACHE_DIR)/models/qwen-image-21-tiny
 # The trained demo DiT (the DiT's default model) is committed: training it took 23 minutes on 2 cores
 # (deploy/checkpoints/ardit-demo/README.md), so `make checkpoints` installs the committed weights.
 DEMO_DIT_SRC := deploy/checkpoints/ardit-demo
@@ -43,6 +45,7 @@ checkpoints: $(STAMP) $(DEMO_DIT_DIR)/.complete
 	$(PY) -m deploy.checkpoints.build_qwen_image_full --out $(FULL_QWEN_IMAGE_DIR)
 	$(PY) -m deploy.checkpoints.build_qwen3_families --out-dir $(ARDIT_CACHE_DIR)/models
 	$(PY) -m deploy.checkpoints.build_qwen_image_edit --out $(QWEN_IMAGE_EDIT_DIR)
+	$(PY) -m deploy.checkpoints.build_qwen_image_21 --out $(QWEN_IMAGE_21_DIR)
 
 # Copied whole into a temporary directory, then renamed: a half-copied model is never served.
 $(DEMO_DIT_DIR)/.complete: $(shell find $(DEMO_DIT_SRC) -type f)

@@ -28,6 +28,8 @@ Z_IMAGE_MODEL = "z-image-tiny"
 FLUX2_KLEIN_MODEL = "flux2-klein-tiny"
 # A tiny Qwen-Image-Edit-2511 (a Qwen2.5-VL reads pictures), as published (deploy/checkpoints/build_qwen_image_edit.py).
 QWEN_IMAGE_EDIT_MODEL = "qwen-image-edit-tiny"
+# A tiny Qwen-Image-2.1 (a Qwen3-VL encoder, an RGBA VAE), as published (deploy/checkpoints/build_qwen_image_21.py).
+QWEN_IMAGE_21_MODEL = "qwen-image-21-tiny"
 
 
 def default_model_dir(name: str) -> Path:

@@ -26,7 +26,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from shared.diffusion import STEP_CACHE_METHODS, Size, StepCache, StepCacheMethod
-from shared.row_recipe import QWEN_IMAGE_EDIT_TEMPLATE, RowRecipe
+from shared.row_recipe import QWEN_IMAGE_21_SYSTEM, QWEN_IMAGE_21_TEMPLATE, QWEN_IMAGE_EDIT_TEMPLATE, RowRecipe
 
 MODEL_CARD_FILE = "ardit.json"
 PIPELINE_INDEX = "model_index.json"
@@ -114,6 +114,9 @@ class ModelCard(BaseModel):
     max_rows: int = Field(512, ge=1, le=1024)
     # The loaded pipeline's own config options each request's pipeline is built with too.
     pipeline_options: tuple[str, ...] = ()
+    # Its pipeline reads its processor when it is built (Qwen-Image-2.1's measures the system message it drops with
+    # it), so the DiT loads that (a tokenizer and image settings, no weights); else the DiT loads no text-side part.
+    pipeline_needs_processor: bool = False
 
     # --- published: the family's defaults as its authors publish them, which a folder's ``ardit.json`` replaces
     description: str | None = None
@@ -344,7 +347,31 @@ QWEN_IMAGE_EDIT_PLUS = ModelCard(
     default_negative_prompt=" ",
     rows=RowRecipe(template=QWEN_IMAGE_EDIT_TEMPLATE),
 )
-CARDS: dict[str, ModelCard] = {card.family: card for card in (QWEN_IMAGE, Z_IMAGE, FLUX2_KLEIN, QWEN_IMAGE_EDIT_PLUS)}
+# Qwen-Image-2.1: QwenImage21Pipeline, one model for text to image and edits, its Qwen3-VL reading the pictures. Its
+# pipeline's defaults: 40 steps, ``true_cfg_scale=1`` (no CFG), 1024x1024 without pictures. Rows: ``hidden_states[-1]``
+# before the final norm (the pipeline hooks the norm away, as the model was trained), its own template, only the system
+# message's rows dropped. Its edits are not served: diffusers 0.42.1's ``__call__`` raises when pictures and
+# ``prompt_embeds`` are both given and takes no mask of the picture rows (docs/models.md), so the AR's rows cannot
+# drive them. Its VAE decodes RGBA; ardit serves opaque pictures (``dit_service.image_encoder``). Its latents unpack
+# through a private method of its pipeline, so no previews; jobs do not batch (not yet shown equal to one alone).
+QWEN_IMAGE_21 = ModelCard(
+    family="QwenImage21Pipeline",
+    pipelines={"text_to_image": "QwenImage21Pipeline"},
+    row_width_key="context_in_dim",
+    prompt_embeds="padded_with_mask",
+    batches=False,
+    pipeline_options=("sample_sigmas",),
+    pipeline_needs_processor=True,
+    description="Qwen-Image-2.1 (a diffusers QwenImage21Pipeline with its Qwen3-VL text encoder; text to image)",
+    default_size="1024x1024",
+    default_num_inference_steps=40,
+    default_guidance_scale=1.0,
+    default_negative_prompt=" ",
+    rows=RowRecipe(final_norm=False, template=QWEN_IMAGE_21_TEMPLATE, dropped_prefix=QWEN_IMAGE_21_SYSTEM),
+)
+CARDS: dict[str, ModelCard] = {
+    card.family: card for card in (QWEN_IMAGE, Z_IMAGE, FLUX2_KLEIN, QWEN_IMAGE_EDIT_PLUS, QWEN_IMAGE_21)
+}
 
 
 def ships_text_encoder(model_dir: Path) -> bool:

@@ -14,11 +14,12 @@ from services.model_card import (
     MODEL_CARD_FILE,
     PUBLISHED,
     QWEN_IMAGE,
+    QWEN_IMAGE_21,
     QWEN_IMAGE_EDIT_PLUS,
     Z_IMAGE,
     ModelCard,
 )
-from shared.row_recipe import QWEN_IMAGE_TEMPLATE, RowRecipe
+from shared.row_recipe import QWEN_IMAGE_21_SYSTEM, QWEN_IMAGE_21_TEMPLATE, QWEN_IMAGE_TEMPLATE, RowRecipe
 
 # What Qwen/Qwen-Image ships in text_encoder/config.json (the fields read here), older and newer transformers.
 QWEN_VL = ["Qwen2_5_VLForConditionalGeneration"]
@@ -87,8 +88,9 @@ def test_every_family_is_keyed_by_the_class_name_its_card_gives_and_that_pipelin
         (QWEN_IMAGE_EDIT_PLUS, False, 3, False, False),
         (Z_IMAGE, True, 0, False, False),
         (FLUX2_KLEIN, True, 0, False, False),
+        (QWEN_IMAGE_21, True, 0, False, False),
     ],
-    ids=["qwen_image", "qwen_image_edit_plus", "z_image", "flux2_klein"],
+    ids=["qwen_image", "qwen_image_edit_plus", "z_image", "flux2_klein", "qwen_image_21"],
 )
 def test_each_card_says_what_its_family_draws_from(card, draws_from_text, pictures, mask, strength):
     """Qwen-Image starts an edit from one picture noised to a strength (with a mask: inpaint); Qwen-Image-Edit reads
@@ -167,6 +169,19 @@ def test_flux2_klein_as_published_reads_three_layers_side_by_side_through_its_ch
     assert read.rows is not None and read.rows.layers == [9, 18, 27] and not read.rows.final_norm
     assert (read.rows.chat_template_kwargs, read.rows.drops_template) == ({"enable_thinking": False}, False)
     assert (read.default_size, read.default_num_inference_steps, read.default_guidance_scale) == ("1024x1024", 4, 1)
+
+
+def test_qwen_image_21_as_published_reads_its_last_layer_before_the_norm_dropping_only_the_system_message(tmp_path):
+    """Its pipeline drops the system message's rows (``_drop_idx``), not the whole template before the prompt: the
+    user turn's opening conditions its DiT."""
+    encoder = {"architectures": ["Qwen3VLForConditionalGeneration"], "text_config": {"num_hidden_layers": 36}}
+    read = ModelCard.read(checkpoint(tmp_path, text_encoder=encoder, pipeline="QwenImage21Pipeline"))
+    assert read.rows == RowRecipe(
+        layers=[36], final_norm=False, template=QWEN_IMAGE_21_TEMPLATE, dropped_prefix=QWEN_IMAGE_21_SYSTEM
+    )
+    assert QWEN_IMAGE_21_TEMPLATE.split("{}")[0] == QWEN_IMAGE_21_SYSTEM + "<|im_start|>user\n"
+    assert (read.default_size, read.default_num_inference_steps, read.default_guidance_scale) == ("1024x1024", 40, 1)
+    assert read.row_width_key == "context_in_dim" and read.pipeline_needs_processor and not read.previews
 
 
 def test_a_card_may_name_the_cpu_threads_its_model_renders_fastest_with(tmp_path):
