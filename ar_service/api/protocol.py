@@ -151,7 +151,9 @@ class ImageRequest(_Request):
         None, description="JPEG/WebP quality 0-100 (not for PNG)."
     )
     background: Literal["auto", "opaque", "transparent"] = Field(
-        "auto", description="`auto` / `opaque`; `transparent` is refused."
+        "auto",
+        description="`auto` / `opaque`; `transparent` is refused. Every picture is opaque: one a model draws with "
+        "alpha (Qwen-Image-2.1's VAE decodes RGBA) is served over white, in every format.",
     )
     user: Annotated[StrictStr, Field(max_length=256)] | None = Field(
         None, description="Echoed as `safety_identifier` when that is not given."
