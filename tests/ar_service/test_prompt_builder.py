@@ -43,6 +43,6 @@ def test_a_dropped_prefix_leaves_out_only_its_own_rows(settings):
     builder = PromptBuilder(tokenizer, QWEN_IMAGE_21_TEMPLATE, dropped_prefix=QWEN_IMAGE_21_SYSTEM)
     built = builder.build("a red fox")
     assert tokenizer.decode(built.token_ids[: built.prefix_tokens]) == QWEN_IMAGE_21_SYSTEM
-    assert tokenizer.decode(built.token_ids[built.prefix_tokens :]).startswith("<|im_start|>user\na red fox")
+    assert str(tokenizer.decode(built.token_ids[built.prefix_tokens :])).startswith("<|im_start|>user\na red fox")
     with pytest.raises(ValueError, match="not the start of the template"):
         PromptBuilder(tokenizer, QWEN_IMAGE_21_TEMPLATE, dropped_prefix="<|im_start|>user\n")

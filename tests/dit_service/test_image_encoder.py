@@ -36,9 +36,9 @@ def test_a_picture_drawn_with_alpha_is_served_over_white_in_every_format(output_
     assert decoded.mode == "RGB"
     pixels = np.asarray(decoded).astype(int)
     tolerance = 0 if output_format == "png" else 8  # lossy formats round even at quality 100
-    for (row, column), value in served.items():
+    for (row, column), rgb in served.items():
         centre = pixels[row * 16 + 8, column * 16 + 8]
-        assert np.abs(centre - np.array(value)).max() <= tolerance, (row, column, centre)
+        assert np.abs(centre - np.array(rgb)).max() <= tolerance, (row, column, centre)
 
 
 @pytest.mark.parametrize("output_format", ["jpeg", "webp"])
