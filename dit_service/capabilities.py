@@ -91,6 +91,7 @@ def _limits(settings: DitSettings, model: DitModel) -> DiffusionLimits:
         max_edit_pictures=card.max_edit_pictures,
         edit_mask=card.edit_mask,
         edit_strength=card.edit_strength,
+        edits_without_steps=card.edits_without_steps,
     )
 
 

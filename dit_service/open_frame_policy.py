@@ -80,6 +80,8 @@ class OpenFramePolicy:
                 param="guidance_scale",
             )
         limits.check_edit(frame.edit)
+        if frame.edit is not None:
+            limits.check_edit_steps(frame.edit.strength, params.num_inference_steps)
         if params.cfg and "uncond" not in frame.streams:
             # diffusers would quietly render without guidance; CFG needs the AR's negative stream.
             raise InvalidDiffusionParams(

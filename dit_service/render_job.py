@@ -22,7 +22,7 @@ import PIL.Image
 
 from dit_service.conditioning import Conditioning
 from dit_service.handoff_trace import HandoffTrace
-from shared.diffusion import DiffusionParams
+from shared.diffusion import DiffusionParams, edit_steps
 from shared.handoff_assembler import AssembledEdit
 from shared.result_frames import ImageFrame, PartialImageFrame, ProgressFrame
 
@@ -51,10 +51,7 @@ class EditInput:
     def denoising_steps(self, num_inference_steps: int) -> int:
         """Steps that run: diffusers' ``get_timesteps`` arithmetic, so the count is what its loop does (all of them
         for a reference edit)."""
-        if self.strength is None:
-            return num_inference_steps
-        skipped = int(max(num_inference_steps - min(num_inference_steps * self.strength, num_inference_steps), 0))
-        return num_inference_steps - skipped
+        return edit_steps(num_inference_steps, self.strength)
 
 
 @dataclass(frozen=True)

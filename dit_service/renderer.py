@@ -154,6 +154,12 @@ class Renderer:
             # sends each picture at that size already, so the pipeline's resize is the identity (PIL returns a copy
             # for an equal size) and the picture is encoded as the AR sized it.
             return "reference_edit", {"image": list(edit.pictures)}
+        if not self.model.card.service_decodes:
+            # Its pipeline encodes the picture and decodes its answer itself (Z-Image's): given the picture at the
+            # output size, so its resize is the identity, and the mask as diffusers reads one (white repaints).
+            if edit.mask is None:
+                return "image_to_image", {"image": edit.pictures[0], "strength": edit.strength}
+            return "inpaint", {"image": edit.pictures[0], "mask_image": edit.mask, "strength": edit.strength}
         started = time.perf_counter()
         vae = self._codec
         pixels = vae.pixels(edit.pictures[0])

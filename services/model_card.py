@@ -143,7 +143,13 @@ class ModelCard(BaseModel):
 
     @property
     def edits(self) -> bool:
-        return self.service_decodes and bool({"image_to_image", "reference_edit"} & self.pipelines.keys())
+        return bool({"image_to_image", "inpaint", "reference_edit"} & self.pipelines.keys())
+
+    @property
+    def edits_without_steps(self) -> bool:
+        """Whether an edit whose strength runs no step is answered (the input through the VAE and back, where the
+        service decodes); diffusers' own img2img pipelines raise on it, so elsewhere it is refused."""
+        return self.edits and self.service_decodes
 
     @property
     def loading_pipeline(self) -> str:
@@ -246,8 +252,11 @@ def _published_fields(values: Any) -> dict[str, Any]:
 #   above 0, against ZImagePipeline's default negative prompt, "" (its ``encode_prompt``). Rows:
 #   ``hidden_states[-2]`` (before the final norm) of the chat template with ``enable_thinking=True``, every unpadded
 #   row kept. Its pipeline takes each image's rows as a list and masks them itself, so jobs batch (a batch renders
-#   each picture as alone but for float rounding). Previews decode as its ``__call__`` does (four public lines); it
-#   decodes its finished pictures itself, so no edits; its transformer has no ``CacheMixin``, so no step caches.
+#   each picture as alone but for float rounding). Previews decode as its ``__call__`` does (four public lines). Its
+#   edits are diffusers' ZImageImg2ImgPipeline (one picture noised to a strength) and ZImageInpaintPipeline (with a
+#   mask; it repaints under the mask and pastes nothing back), given the picture and mask as PIL images: they encode
+#   and decode themselves, so a strength that runs no step is refused, as they refuse it. Its transformer has no
+#   ``CacheMixin``, so no step caches.
 # - FLUX.2 [klein]'s distilled models and diffusers' Flux2KleinPipeline example: 1024x1024, 4 steps,
 #   ``guidance_scale=1``; a distilled model ignores guidance (diffusers only warns), so more is refused. Rows:
 #   ``hidden_states`` 9, 18 and 27 side by side, chat template with ``enable_thinking=False``. diffusers pads the
@@ -278,7 +287,11 @@ QWEN_IMAGE = ModelCard(
 )
 Z_IMAGE = ModelCard(
     family="ZImagePipeline",
-    pipelines={"text_to_image": "ZImagePipeline"},
+    pipelines={
+        "text_to_image": "ZImagePipeline",
+        "image_to_image": "ZImageImg2ImgPipeline",
+        "inpaint": "ZImageInpaintPipeline",
+    },
     row_width_key="cap_feat_dim",
     prompt_embeds="list_of_rows",
     latents="z_image",

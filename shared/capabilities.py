@@ -28,6 +28,7 @@ from shared.diffusion import (
     Size,
     StepCache,
     StepCacheMethod,
+    edit_steps,
     parse_size,
 )
 from shared.errors import InvalidDiffusionParams
@@ -98,6 +99,9 @@ class DiffusionLimits(WireModel):
     max_edit_pictures: Annotated[NonNegInt, TIGHTEST_MAX] = 1
     edit_mask: Annotated[bool, _every] = True
     edit_strength: Annotated[bool, _every] = True
+    # Whether an edit whose strength runs no step is answered (the input through the VAE and back, where the service
+    # decodes); where the family's pipeline encodes and decodes itself, diffusers refuses it, and so does the DiT.
+    edits_without_steps: Annotated[bool, _every] = True
 
     @classmethod
     def common(cls, all_limits: Sequence[DiffusionLimits]) -> DiffusionLimits:
@@ -185,6 +189,15 @@ class DiffusionLimits(WireModel):
         if edit.strength is None and self.edit_strength:
             raise InvalidDiffusionParams(
                 "this image model edits from an image noised to a strength: give one", param="strength"
+            )
+
+    def check_edit_steps(self, strength: float | None, num_inference_steps: int) -> None:
+        """``InvalidDiffusionParams`` naming ``strength`` where it runs no step of the schedule and this DiT's
+        pipeline refuses that (``edits_without_steps``)."""
+        if strength is not None and not self.edits_without_steps and edit_steps(num_inference_steps, strength) == 0:
+            raise InvalidDiffusionParams(
+                f"strength {strength} runs no step of {num_inference_steps}; this image model's pipeline needs one",
+                param="strength",
             )
 
 

@@ -84,6 +84,16 @@ StepCacheMethod = Literal["first_block", "taylorseer"]
 STEP_CACHE_METHODS: tuple[StepCacheMethod, ...] = get_args(StepCacheMethod)
 
 
+def edit_steps(num_inference_steps: int, strength: float | None) -> int:
+    """The steps an edit runs of a ``num_inference_steps`` schedule: diffusers' img2img ``get_timesteps`` arithmetic
+    (the last ``steps * strength``, rounded as it rounds), so the count is what its loop does; all of them for a
+    reference edit (no strength)."""
+    if strength is None:
+        return num_inference_steps
+    skipped = int(max(num_inference_steps - min(num_inference_steps * strength, num_inference_steps), 0))
+    return num_inference_steps - skipped
+
+
 def parse_size(size: str) -> tuple[int, int]:
     """``"WIDTHxHEIGHT"`` → (width, height); ``ValueError`` for anything else."""
     if not _SIZE.match(size):

@@ -239,8 +239,9 @@ class ImageEditRequest(ImageRequest):
     strength: Annotated[Number, Field(ge=0.0, le=1.0)] | None = Field(
         None,
         description="diffusers' img2img strength: the last ceil(steps * strength) steps of the schedule run from the "
-        "noised input; 0 returns the input through the VAE and back, 1 starts from noise. Refused by a model that "
-        "takes no strength (an edit model whose encoder reads the pictures).",
+        "noised input; 0 returns the input through the VAE and back (Qwen-Image; a model whose pipeline decodes its "
+        "own picture, Z-Image's, refuses 0, as diffusers does), 1 starts from noise. Refused by a model that takes no "
+        "strength (an edit model whose encoder reads the pictures).",
     )
 
 

@@ -132,6 +132,8 @@ class RequestValidator:
             _drawable(upload.size, (width, height), dit)
         # Every other refusal before the decode (the cheapest first), then the memory, then the pixels.
         valid = self._valid(body, "image_edit", request_id, received_at, dit, (width, height), tenant)
+        with _public_errors():
+            dit.limits.check_edit_steps(edit_strength(body), valid.generation.diffusion.num_inference_steps)
         held = self.edit_memory.hold(upload.memory(width, height))
         try:
             pixels = await asyncio.to_thread(decode_edit, upload, size)

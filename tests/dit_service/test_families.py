@@ -246,12 +246,15 @@ def test_flux2_kleins_taylorseer_cache_is_diffusers_own_hook_on_the_same_run(mod
 
 
 @pytest.mark.parametrize(
-    ("family", "layers", "row_width", "max_guidance_scale", "cfg_above", "step_caches", "previews"),
-    [(Z_IMAGE, [3], 128, 50.0, 0.0, [], 3), (FLUX2_KLEIN, [9, 18, 27], 384, 1.0, 1.0, ["taylorseer"], 0)],
+    ("family", "layers", "row_width", "max_guidance_scale", "cfg_above", "step_caches", "previews", "edits"),
+    [
+        (Z_IMAGE, [3], 128, 50.0, 0.0, [], 3, True),
+        (FLUX2_KLEIN, [9, 18, 27], 384, 1.0, 1.0, ["taylorseer"], 0, False),
+    ],
     ids=["z_image", "flux2_klein"],
 )
 def test_each_family_announces_its_rows_and_refuses_what_it_does_not_run(
-    models, family, layers, row_width, max_guidance_scale, cfg_above, step_caches, previews
+    models, family, layers, row_width, max_guidance_scale, cfg_above, step_caches, previews, edits
 ):
     model = models[family.model]
     caps = dit_capabilities(DitSettings(model_dir=family.path), model)
@@ -261,7 +264,7 @@ def test_each_family_announces_its_rows_and_refuses_what_it_does_not_run(
     assert (caps.limits.step_caches, caps.defaults.step_cache) == (step_caches, None)
     assert (caps.limits.max_guidance_scale, caps.cfg_above) == (max_guidance_scale, cfg_above)
     assert caps.defaults.guidance_scale == family.guidance_scale  # the card's
-    assert (caps.limits.max_partial_images, caps.limits.edits) == (previews, False)
+    assert (caps.limits.max_partial_images, caps.limits.edits) == (previews, edits)
     refused = {
         "guidance_scale": params(family, guidance_scale=max_guidance_scale + 0.5),
         "step_cache": params(family, step_cache=FirstBlockCache(method="first_block", threshold=0.1)),
@@ -305,8 +308,8 @@ def test_a_batched_z_image_picture_is_the_picture_rendered_alone(models):
         assert steps == [1, 2, 3]
 
 
-@FAMILIES
-def test_an_edit_is_refused_where_the_pipeline_decodes_its_own_picture(models, family):
+def test_an_edit_is_refused_where_the_family_runs_no_edit_pipeline(models):
+    family = FLUX2_KLEIN
     runner, rows = renderer(models, family), conditioning(some_rows(models[family.model]))
     edit = EditInput((Image.new("RGB", (SIZE, SIZE)),), None, 0.5)
     with pytest.raises(ValueError, match="does not edit images"):

@@ -167,6 +167,18 @@ def test_an_edit_the_dit_cannot_draw_is_refused_naming_the_public_parameter(limi
     assert refused.value.param == param and refused.value.status == 422
 
 
+def test_a_strength_that_runs_no_step_is_refused_only_where_the_pipeline_refuses_it():
+    """Qwen-Image answers strength 0 with the input through its VAE; Z-Image's pipelines raise on a loop of no step."""
+    LIMITS.check_edit_steps(0.0, 4)
+    own_pipeline = LIMITS.model_copy(update={"edits_without_steps": False})
+    own_pipeline.check_edit_steps(0.01, 4)  # diffusers' rounding runs one step of 4
+    own_pipeline.check_edit_steps(None, 4)  # a reference edit runs every step
+    with pytest.raises(InvalidDiffusionParams) as refused:
+        own_pipeline.check_edit_steps(0.0, 4)
+    assert refused.value.param == "strength" and "runs no step" in str(refused.value)
+    assert DiffusionLimits.common([LIMITS, own_pipeline]).edits_without_steps is False
+
+
 def test_dits_that_disagree_on_an_edits_strength_share_no_edit():
     common = DiffusionLimits.common([LIMITS, REFERENCE_EDITS])
     assert not common.edits and common.max_edit_pictures == 0 and not common.text_to_image
