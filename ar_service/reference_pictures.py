@@ -21,9 +21,10 @@ from dataclasses import dataclass
 
 import PIL.Image
 
-from ar_service.input_images import EditUpload, PicturePixels, decoded_upright, resized
+from ar_service.input_images import EditPixels, EditUpload, PicturePixels, decoded_upright, resized
 from services.errors import ApiError
 from services.model_card import PictureReading
+from shared.diffusion import ReferencePictureRules
 
 # Bytes a condition picture takes per pixel while it is resized and then held for the engine (RGB, 4 bytes a pixel in
 # Pillow, its intermediate pass and its result).
@@ -77,3 +78,34 @@ def decode_references(uploads: Sequence[EditUpload], reading: PictureReading) ->
         pixels = resized(picture, width, height, PIL.Image.Resampling.LANCZOS).tobytes()
         sent.append(PicturePixels(width, height, pixels))
     return ReferencePictures(tuple(read), tuple(sent))
+
+
+def checked_for_pipeline(uploads: Sequence[EditUpload], rules: ReferencePictureRules) -> None:
+    """A 400 naming ``image`` for a picture the family's pipeline would refuse (``rules``: FLUX.2 [klein]'s); an upright
+    turn swaps a picture's sides, which changes neither check."""
+    for n, upload in enumerate(uploads, start=1):
+        if (why := rules.refusal(*upload.size)) is not None:
+            raise ApiError(400, f"picture {n} {why}", param="image", code="invalid_image_size")
+
+
+def pipeline_memory(uploads: Sequence[EditUpload], rules: ReferencePictureRules) -> int:
+    """Bytes the pictures (and the first one's mask) hold at most while decoded and scaled, then as they are sent."""
+    return sum(upload.memory(*rules.within_area(*upload.size)) for upload in uploads)
+
+
+def decode_for_pipeline(uploads: Sequence[EditUpload], rules: ReferencePictureRules) -> EditPixels:
+    """Each picture decoded, upright, in RGB, at its own size but scaled into the pipeline's area as the pipeline would
+    scale it (Lanczos, sides truncated), so that the pipeline leaves it as it is; the first one's mask, where it has
+    one, at that picture's size (255 where its alpha is 0: repaint). Blocking: call it in a worker thread."""
+    sent: list[PicturePixels] = []
+    mask = None
+    for upload in uploads:
+        picture = decoded_upright(upload.image, "image").convert("RGB")
+        width, height = rules.within_area(*picture.size)
+        scaled = resized(picture, width, height, PIL.Image.Resampling.LANCZOS)
+        sent.append(PicturePixels(width, height, scaled.tobytes()))
+        if upload.mask is not None:
+            alpha = decoded_upright(upload.mask, "mask").convert("RGBA").getchannel("A")
+            repaint = alpha.point(lambda a: 255 if a == 0 else 0)
+            mask = resized(repaint, width, height, PIL.Image.Resampling.NEAREST).tobytes()
+    return EditPixels(tuple(sent), mask)

@@ -92,6 +92,7 @@ def _limits(settings: DitSettings, model: DitModel) -> DiffusionLimits:
         edit_mask=card.edit_mask,
         edit_strength=card.edit_strength,
         edits_without_steps=card.edits_without_steps,
+        reference_pictures=card.reference_pictures,
     )
 
 

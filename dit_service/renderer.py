@@ -155,11 +155,15 @@ class Renderer:
             # for an equal size) and the picture is encoded as the AR sized it.
             return "reference_edit", {"image": list(edit.pictures)}
         if not self.model.card.service_decodes:
-            # Its pipeline encodes the picture and decodes its answer itself (Z-Image's): given the picture at the
-            # output size, so its resize is the identity, and the mask as diffusers reads one (white repaints).
+            # Its pipeline encodes the picture and decodes its answer itself (Z-Image's, FLUX.2's): given the picture
+            # as the AR sent it (Z-Image's at the output size, so its resize is the identity) and the mask as diffusers
+            # reads one (white repaints); FLUX.2's inpaint reads the other pictures as references.
             if edit.mask is None:
                 return "image_to_image", {"image": edit.pictures[0], "strength": edit.strength}
-            return "inpaint", {"image": edit.pictures[0], "mask_image": edit.mask, "strength": edit.strength}
+            inpaint: dict[str, Any] = {"image": edit.pictures[0], "mask_image": edit.mask, "strength": edit.strength}
+            if len(edit.pictures) > 1:
+                inpaint["image_reference"] = list(edit.pictures[1:])
+            return "inpaint", inpaint
         started = time.perf_counter()
         vae = self._codec
         pixels = vae.pixels(edit.pictures[0])

@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.diffusion import STEP_CACHE_METHODS, Size, StepCache, StepCacheMethod
+from shared.diffusion import STEP_CACHE_METHODS, ReferencePictureRules, Size, StepCache, StepCacheMethod
 from shared.row_recipe import QWEN_IMAGE_21_SYSTEM, QWEN_IMAGE_21_TEMPLATE, QWEN_IMAGE_EDIT_TEMPLATE, RowRecipe
 
 MODEL_CARD_FILE = "ardit.json"
@@ -93,6 +93,9 @@ class ModelCard(BaseModel):
     pipelines: dict[PipelineKind, str]
     # Its text encoder reads the user's pictures (the AR then serves its vision tower); None: text only.
     reads_pictures: PictureReading | None = None
+    # How its reference-edit pipeline takes the pictures it reads itself, beside a text-only encoder's rows (FLUX.2
+    # [klein]'s); None where its encoder reads them (``reads_pictures``) or it runs no reference edit.
+    reference_pictures: ReferencePictureRules | None = None
     # The transformer config key that holds its row width.
     row_width_key: str = "joint_attention_dim"
     prompt_embeds: PromptEmbedsForm
@@ -170,6 +173,8 @@ class ModelCard(BaseModel):
             return 0
         if "reference_edit" in self.pipelines and self.reads_pictures is not None:
             return self.reads_pictures.max_pictures
+        if "reference_edit" in self.pipelines and self.reference_pictures is not None:
+            return self.reference_pictures.max_pictures
         return 1
 
     @property
@@ -179,7 +184,8 @@ class ModelCard(BaseModel):
 
     @property
     def edit_strength(self) -> bool:
-        """Whether an edit takes a strength (img2img, inpaint) rather than none (a reference edit)."""
+        """Whether an edit without a mask takes a strength (img2img) rather than none (a reference edit); an edit with a
+        mask (inpaint) always takes one."""
         return self.edits and "image_to_image" in self.pipelines
 
     @classmethod
@@ -261,11 +267,17 @@ def _published_fields(values: Any) -> dict[str, Any]:
 #   ``guidance_scale=1``; a distilled model ignores guidance (diffusers only warns), so more is refused. Rows:
 #   ``hidden_states`` 9, 18 and 27 side by side, chat template with ``enable_thinking=False``. diffusers pads the
 #   prompt to 512 tokens and keeps the pads' rows, computed under a padding mask; a causal engine cannot compute
-#   those (each pad would attend to the prompt alone at its own position), so the real rows condition it: the closer
-#   of the two to diffusers' pictures (benchmarks/results/flux2_pad_rows.md). Its transformer takes no mask over the
+#   those (each pad would attend to the prompt alone at its own position), so the real rows condition it, the rows
+#   it computes exactly (benchmarks/results/flux2_pad_rows.md). Its transformer takes no mask over the
 #   rows, so jobs do not batch; its latents unpack through private methods of its pipeline, so no previews; its
 #   First Block Cache fails in diffusers 0.42 (the hook subtracts the dual-stream first block's output, a pair, from
-#   a tensor), so TaylorSeer is its one step cache.
+#   a tensor), so TaylorSeer is its one step cache. Its edits: Flux2KleinPipeline reads 1..4 reference pictures
+#   itself (``image=[...]``; VAE latents beside the noise, no strength) and, with OpenAI's mask,
+#   Flux2KleinInpaintPipeline repaints the first picture under it (a strength; the others as ``image_reference``). Its
+#   pipeline's own checks (``check_image_input``): sides of at least 64, an aspect of at most 8, scaled into a
+#   1024x1024 area, cropped to multiples of 16; unsized, it draws at the first picture's size (the inpaint pipeline
+#   always does). Four pictures: at 1024x1024 each is 4,096 image tokens, so four beside the output are 20,480 in
+#   every block's joint attention, about three times a 1024x1024 text-to-image render's (docs/models.md).
 QWEN_IMAGE = ModelCard(
     family="QwenImagePipeline",
     pipelines={
@@ -313,7 +325,14 @@ Z_IMAGE = ModelCard(
 )
 FLUX2_KLEIN = ModelCard(
     family="Flux2KleinPipeline",
-    pipelines={"text_to_image": "Flux2KleinPipeline"},
+    pipelines={
+        "text_to_image": "Flux2KleinPipeline",
+        "reference_edit": "Flux2KleinPipeline",
+        "inpaint": "Flux2KleinInpaintPipeline",
+    },
+    reference_pictures=ReferencePictureRules(
+        max_pictures=4, min_side=64, max_aspect=8, max_area=1024 * 1024, multiple=16
+    ),
     prompt_embeds="rows",
     batches=False,
     step_caches=("taylorseer",),

@@ -25,6 +25,7 @@ from shared.diffusion import (
     MAX_SEED,
     DiffusionParams,
     OutputFormat,
+    ReferencePictureRules,
     Size,
     StepCache,
     StepCacheMethod,
@@ -59,6 +60,11 @@ def _in_all_that_list(values: Sequence[list[Any] | None]) -> list[Any] | None:
     """A DiT that lists nothing takes any value (within its other limits); the lists of the others meet."""
     lists = [v for v in values if v is not None]
     return _in_all(lists) if lists else None
+
+
+def _all_alike(values: Sequence[Any]) -> Any:
+    """One value all have; None where they differ (then none of them is offered)."""
+    return values[0] if all(v == values[0] for v in values) else None
 
 
 def _one_of(values: Sequence[str]) -> str:
@@ -102,6 +108,9 @@ class DiffusionLimits(WireModel):
     # Whether an edit whose strength runs no step is answered (the input through the VAE and back, where the service
     # decodes); where the family's pipeline encodes and decodes itself, diffusers refuses it, and so does the DiT.
     edits_without_steps: Annotated[bool, _every] = True
+    # How its pipeline takes reference pictures it reads itself (FLUX.2 [klein]'s; the AR's text-only encoder reads
+    # none of them); None: a reference edit's pictures are its encoder's (Qwen-Image-Edit's), or it takes none.
+    reference_pictures: Annotated[ReferencePictureRules | None, _all_alike] = None
 
     @classmethod
     def common(cls, all_limits: Sequence[DiffusionLimits]) -> DiffusionLimits:
@@ -182,14 +191,21 @@ class DiffusionLimits(WireModel):
             )
         if edit.mask and not self.edit_mask:
             raise InvalidDiffusionParams("this image model takes no mask", param="mask")
-        if edit.strength is not None and not self.edit_strength:
+        # An inpaint takes a strength wherever it runs; without a mask, an img2img does and a reference edit does not.
+        takes_strength = self.edit_strength or edit.mask
+        if edit.strength is not None and not takes_strength:
             raise InvalidDiffusionParams(
-                "this image model takes no strength: it reads the images beside the prompt", param="strength"
+                "this image model takes no strength without a mask: it reads the images beside the prompt",
+                param="strength",
             )
-        if edit.strength is None and self.edit_strength:
+        if edit.strength is None and takes_strength:
             raise InvalidDiffusionParams(
                 "this image model edits from an image noised to a strength: give one", param="strength"
             )
+        if self.reference_pictures is not None:
+            for n, picture in enumerate(edit.pictures, start=1):
+                if (why := self.reference_pictures.refusal(picture.width, picture.height)) is not None:
+                    raise InvalidDiffusionParams(f"picture {n} {why}", param="image")
 
     def check_edit_steps(self, strength: float | None, num_inference_steps: int) -> None:
         """``InvalidDiffusionParams`` naming ``strength`` where it runs no step of the schedule and this DiT's

@@ -94,6 +94,39 @@ def edit_steps(num_inference_steps: int, strength: float | None) -> int:
     return num_inference_steps - skipped
 
 
+class ReferencePictureRules(WireModel):
+    """How a family's pipeline takes reference pictures it reads itself, beside rows of a text-only encoder
+    (``Flux2KleinPipeline``'s ``__call__``): each at least ``min_side`` on both sides and at most ``max_aspect``
+    times longer than wide (its ``check_image_input``), scaled into ``max_area`` where larger (Lanczos, sides
+    truncated), then cropped to multiples of ``multiple``; without a size asked it draws at the first picture's."""
+
+    max_pictures: PosInt
+    min_side: PosInt
+    max_aspect: PosInt
+    max_area: PosInt
+    multiple: PosInt
+
+    def refusal(self, width: int, height: int) -> str | None:
+        """Why the pipeline refuses a ``width`` x ``height`` picture; None: it takes it."""
+        if min(width, height) < self.min_side:
+            return f"is {width}x{height}: each side must be at least {self.min_side} pixels"
+        if max(width, height) > self.max_aspect * min(width, height):
+            return f"is {width}x{height}: its aspect may be at most {self.max_aspect}:1"
+        return None
+
+    def within_area(self, width: int, height: int) -> tuple[int, int]:
+        """The size the pipeline scales a picture to before it crops it (its own, where within ``max_area``)."""
+        if width * height <= self.max_area:
+            return width, height
+        scale = math.sqrt(self.max_area / (width * height))
+        return int(width * scale), int(height * scale)
+
+    def drawn_size(self, width: int, height: int) -> tuple[int, int]:
+        """The size the pipeline draws at from a first picture of ``width`` x ``height`` when no size is asked."""
+        scaled_width, scaled_height = self.within_area(width, height)
+        return scaled_width // self.multiple * self.multiple, scaled_height // self.multiple * self.multiple
+
+
 def parse_size(size: str) -> tuple[int, int]:
     """``"WIDTHxHEIGHT"`` → (width, height); ``ValueError`` for anything else."""
     if not _SIZE.match(size):

@@ -149,6 +149,8 @@ class RequestValidator:
         """An edit of a model whose encoder reads the pictures (``reference_pictures``): 1 to its most pictures, no
         mask, no strength; the output sized from the last picture, as its pipeline sizes it, unless asked."""
         body, reading = form.request, self.prompts.reading
+        if reading is None and dit.limits.reference_pictures is not None:
+            return await self._pipeline_reference_edit(form, request_id, received_at, dit, tenant)
         if reading is None:
             raise _invalid(
                 f"{dit.model} edits from pictures its text encoder reads, and this AR's encoder reads none",
@@ -177,6 +179,56 @@ class RequestValidator:
             generation = dataclasses.replace(valid.generation, pictures=pictures.read)
             edit = EditHandoff.of(None, EditPixels(pictures.sent, None))
             return ValidGeneration(generation, valid.response).with_edit(edit, upright, held)
+        except BaseException:
+            held.release()
+            raise
+
+    async def _pipeline_reference_edit(
+        self, form: EditForm, request_id: str, received_at: float, dit: DitCapabilities, tenant: str | None
+    ) -> ValidGeneration:
+        """An edit of a model whose pipeline reads the pictures itself beside a text-only encoder's rows (FLUX.2
+        [klein]'s, ``DiffusionLimits.reference_pictures``): 1 to its most pictures; no strength, unless a mask (on the
+        first picture) makes it an inpaint, which takes one; unsized, drawn at the first picture's size as its
+        pipeline draws it (the inpaint always is)."""
+        body = form.request
+        rules = dit.limits.reference_pictures
+        assert rules is not None
+        masked = form.mask is not None
+        if masked and not dit.limits.edit_mask:
+            raise _invalid(f"{dit.model} takes no mask", "mask")
+        if not masked:
+            for field, given in (("strength", body.strength), ("input_fidelity", body.input_fidelity)):
+                if given is not None:
+                    raise _invalid(
+                        f"{dit.model} takes no {field} without a mask: it redraws from the pictures it reads", field
+                    )
+        if len(form.images) > (most := dit.limits.max_edit_pictures):
+            raise _invalid(f"{len(form.images)} pictures were sent; this model reads at most {most}", "image")
+        mask = form.mask.data if form.mask is not None else None
+        limit = self.settings.max_edit_input_pixels
+        uploads = [read_upload(file.data, mask if n == 0 else None, limit) for n, file in enumerate(form.images)]
+        reference_pictures.checked_for_pipeline(uploads, rules)
+        drawn = rules.drawn_size(*uploads[0].size)
+        requested = None if body.size == "auto" else _size(body.size, dit)
+        if masked and requested is not None and requested != drawn:
+            raise _invalid(
+                f"size {body.size}: an edit with a mask is drawn at its picture's size, {drawn[0]}x{drawn[1]} (auto)",
+                "size",
+            )
+        size = requested or drawn
+        if requested is None:
+            _drawable(uploads[0].size, size, dit)
+        valid = self._valid(body, "image_edit", request_id, received_at, dit, size, tenant)
+        strength = edit_strength(body) if masked else None
+        with _public_errors():
+            dit.limits.check_edit_steps(strength, valid.generation.diffusion.num_inference_steps)
+        held = self.edit_memory.hold(reference_pictures.pipeline_memory(uploads, rules))
+        try:
+            pixels = await asyncio.to_thread(reference_pictures.decode_for_pipeline, uploads, rules)
+            # An upright turn swaps the first picture's sides, and so the size drawn from it.
+            first = pixels.pictures[0]
+            upright = requested or rules.drawn_size(first.width, first.height)
+            return valid.with_edit(EditHandoff.of(strength, pixels), upright, held)
         except BaseException:
             held.release()
             raise

@@ -87,15 +87,15 @@ def test_every_family_is_keyed_by_the_class_name_its_card_gives_and_that_pipelin
         (QWEN_IMAGE, True, 1, True, True),
         (QWEN_IMAGE_EDIT_PLUS, False, 3, False, False),
         (Z_IMAGE, True, 1, True, True),
-        (FLUX2_KLEIN, True, 0, False, False),
+        (FLUX2_KLEIN, True, 4, True, False),
         (QWEN_IMAGE_21, True, 0, False, False),
     ],
     ids=["qwen_image", "qwen_image_edit_plus", "z_image", "flux2_klein", "qwen_image_21"],
 )
 def test_each_card_says_what_its_family_draws_from(card, draws_from_text, pictures, mask, strength):
     """Qwen-Image and Z-Image start an edit from one picture noised to a strength (with a mask: inpaint);
-    Qwen-Image-Edit reads up to three pictures beside the rows and draws nothing from text alone; FLUX.2 and
-    Qwen-Image-2.1 edit nothing."""
+    Qwen-Image-Edit reads up to three pictures beside the rows and draws nothing from text alone; FLUX.2's pipeline
+    reads up to four itself, a strength only with a mask (inpaint); Qwen-Image-2.1 edits nothing."""
     assert card.text_to_image == draws_from_text
     assert (card.max_edit_pictures, card.edit_mask, card.edit_strength) == (pictures, mask, strength)
 

@@ -167,6 +167,30 @@ def test_an_edit_the_dit_cannot_draw_is_refused_naming_the_public_parameter(limi
     assert refused.value.param == param and refused.value.status == 422
 
 
+def test_a_dit_whose_pipeline_reads_the_pictures_takes_a_strength_only_with_a_mask_and_pictures_it_can_read():
+    """FLUX.2 [klein]: reference edits take no strength, its inpaint does; a picture its pipeline refuses is refused."""
+    from shared.diffusion import ReferencePictureRules
+
+    rules = ReferencePictureRules(max_pictures=4, min_side=64, max_aspect=8, max_area=1024 * 1024, multiple=16)
+    flux2 = LIMITS.model_copy(
+        update={"max_edit_pictures": 4, "edit_mask": True, "edit_strength": False, "reference_pictures": rules}
+    )
+
+    def square(pictures: int, strength: float | None, mask: bool = False) -> EditSpec:
+        return EditSpec(pictures=[PictureSpec(width=64, height=64)] * pictures, strength=strength, mask=mask)
+
+    flux2.check_edit(square(4, None))
+    flux2.check_edit(square(2, 0.5, mask=True))
+    for asked in (square(1, 0.5), square(1, None, mask=True)):
+        with pytest.raises(InvalidDiffusionParams) as refused:
+            flux2.check_edit(asked)
+        assert refused.value.param == "strength"
+    small = EditSpec(pictures=[PictureSpec(width=64, height=64), PictureSpec(width=48, height=64)], strength=None)
+    with pytest.raises(InvalidDiffusionParams) as refused:
+        flux2.check_edit(small)
+    assert refused.value.param == "image" and "picture 2" in str(refused.value)
+
+
 def test_a_strength_that_runs_no_step_is_refused_only_where_the_pipeline_refuses_it():
     """Qwen-Image answers strength 0 with the input through its VAE; Z-Image's pipelines raise on a loop of no step."""
     LIMITS.check_edit_steps(0.0, 4)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import get_args
 
 import pytest
@@ -12,6 +13,7 @@ from shared.diffusion import (
     STEP_CACHE_METHODS,
     DiffusionParams,
     FirstBlockCache,
+    ReferencePictureRules,
     TaylorSeerCache,
     parse_size,
 )
@@ -67,3 +69,23 @@ def test_cfg_runs_above_the_scale_the_dits_family_guides_from():
     z_image = qwen_image.model_copy(update={"guidance_scale": 0.5, "cfg_above": 0.0})
     assert z_image.cfg and not z_image.model_copy(update={"guidance_scale": 0.0}).cfg
     assert z_image.work == 2 * z_image.model_copy(update={"guidance_scale": 0.0}).work
+
+
+FLUX2_PICTURES = ReferencePictureRules(max_pictures=4, min_side=64, max_aspect=8, max_area=1024 * 1024, multiple=16)
+
+
+@pytest.mark.parametrize(
+    ("size", "why"),
+    [((64, 64), None), ((63, 200), "at least 64"), ((64, 513), "at most 8"), ((512, 64), None)],
+)
+def test_reference_pictures_are_refused_as_flux2s_check_image_input_refuses_them(size, why):
+    refusal = FLUX2_PICTURES.refusal(*size)
+    assert (refusal is None) if why is None else (why in (refusal or ""))
+
+
+def test_a_reference_picture_is_drawn_at_its_size_scaled_into_the_area_then_cropped_to_16():
+    """Flux2KleinPipeline's own arithmetic: sides scaled by sqrt(area / pixels) and truncated, then floored to 16."""
+    assert FLUX2_PICTURES.within_area(96, 70) == (96, 70) and FLUX2_PICTURES.drawn_size(96, 70) == (96, 64)
+    scale = math.sqrt(1024 * 1024 / (3000 * 2000))
+    assert FLUX2_PICTURES.within_area(3000, 2000) == (int(3000 * scale), int(2000 * scale)) == (1254, 836)
+    assert FLUX2_PICTURES.drawn_size(3000, 2000) == (1248, 832)
