@@ -30,7 +30,7 @@ from dit_service.metrics import DitMetrics
 from dit_service.model import DitModel
 from dit_service.model_state import warmup_job
 from dit_service.previews import clean_latent_estimate
-from dit_service.render_job import EditInput, RenderCancelled, RenderItem, RenderJob, RenderOutcome
+from dit_service.render_job import RenderCancelled, RenderItem, RenderJob, RenderOutcome
 from dit_service.renderer import Renderer
 from dit_service.settings import DitSettings
 from dit_service.step_cache import hook_config
@@ -249,7 +249,7 @@ def test_flux2_kleins_taylorseer_cache_is_diffusers_own_hook_on_the_same_run(mod
     ("family", "layers", "row_width", "max_guidance_scale", "cfg_above", "step_caches", "previews", "edits"),
     [
         (Z_IMAGE, [3], 128, 50.0, 0.0, [], 3, True),
-        (FLUX2_KLEIN, [9, 18, 27], 384, 1.0, 1.0, ["taylorseer"], 0, False),
+        (FLUX2_KLEIN, [9, 18, 27], 384, 1.0, 1.0, ["taylorseer"], 0, True),
     ],
     ids=["z_image", "flux2_klein"],
 )
@@ -306,14 +306,6 @@ def test_a_batched_z_image_picture_is_the_picture_rendered_alone(models):
         assert np.abs(pixels(batched.data) - pixels(alone.data)).max() <= 1
         steps = [f.step for f in frames[job.request_id] if isinstance(f, ProgressFrame)]
         assert steps == [1, 2, 3]
-
-
-def test_an_edit_is_refused_where_the_family_runs_no_edit_pipeline(models):
-    family = FLUX2_KLEIN
-    runner, rows = renderer(models, family), conditioning(some_rows(models[family.model]))
-    edit = EditInput((Image.new("RGB", (SIZE, SIZE)),), None, 0.5)
-    with pytest.raises(ValueError, match="does not edit images"):
-        frames_of(runner, RenderJob("r", rows, params(family), edit))
 
 
 def test_flux2_klein_takes_no_preview_its_latents_unpack_through_private_pipeline_methods():

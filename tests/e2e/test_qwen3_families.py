@@ -10,8 +10,8 @@ within 5e-5 (Z-Image: ``hidden_states[-2]`` before the final norm; FLUX.2: layer
 real rows: a causal engine cannot compute the 512-row padding's, benchmarks/results/flux2_pad_rows.md). The pictures
 equal the pipeline's ``__call__`` with the same seed within 2/255 (FLUX.2: given those real rows; Z-Image with CFG
 too, against its default negative prompt). A shared style prefix is a prefix-cache hit that renders bitwise what a
-miss renders. Z-Image streams previews and edits. What a family cannot do (FLUX.2's edits and previews, a step
-cache diffusers does not run on it, guidance a distilled FLUX.2 ignores) is a 400 naming the parameter. ``make run``
+miss renders. Both edit; Z-Image streams previews. What a family cannot do (FLUX.2's previews, a step cache diffusers
+does not run on it, guidance a distilled FLUX.2 ignores) is a 400 naming the parameter. ``make run``
 serves each given the DiT's folder alone. ``test_the_checks_catch_*`` show that the row check fails on another layer,
 the other side of the norm or the other chat template.
 """
@@ -277,7 +277,7 @@ def test_a_step_cache_the_family_does_not_run_is_a_400_naming_it_and_flux2s_tayl
             pair.generate(PROMPTS[0], step_cache=taylorseer)
 
 
-def test_z_image_streams_previews_and_edits_flux2s_are_400s_naming_them(pair):
+def test_both_edit_and_z_image_streams_previews_flux2s_are_a_400(pair):
     streamed = httpx.post(
         f"{pair.ar.url}/v1/images/generations",
         json={"prompt": PROMPTS[0], "size": SIZE, "stream": True, "partial_images": 2, "num_inference_steps": STEPS},
@@ -299,12 +299,9 @@ def test_z_image_streams_previews_and_edits_flux2s_are_400s_naming_them(pair):
         files={"image": ("red.png", picture.getvalue(), "image/png")},
         timeout=60,
     )
-    if pair.family.pipeline is Flux2KleinPipeline:
-        assert edited.status_code == 400 and edited.json()["error"]["param"] == "image"
-        assert pair.recorder.seen == []
-    else:  # Z-Image edits (tests/e2e/test_z_image_edits_reference.py)
-        assert edited.status_code == 200
-        pair.recorder.take()
+    # Both edit (tests/e2e/test_z_image_edits_reference.py, tests/e2e/test_flux2_klein_edits_reference.py).
+    assert edited.status_code == 200
+    pair.recorder.take()
 
 
 # --- each check fails on what a defect would produce -----------------------------------------------------

@@ -33,6 +33,7 @@ from PIL import Image
 from services.checkpoints import Z_IMAGE_MODEL, default_model_dir
 from tests.conftest import require_checkpoint
 from tests.e2e.conftest import pair_on_folder
+from tests.support.edit_pictures import SIZE, openai_mask, picture, png, repaint_mask
 from tests.support.live_server import LiveServer
 from tests.support.reference_checks import FP32_PIXELS, check_pixels
 
@@ -42,38 +43,9 @@ FOLDER = default_model_dir(Z_IMAGE_MODEL)
 # 10 steps, so that strength 0.1 apart runs another number of steps (at 4, 0.6 and 0.7 both run 3); 0.4, so that the
 # picture shows through Z-Image's shifted schedule (measured on the pipeline, levels mean/max: another picture 4.5/62,
 # strength 0.1 off 5.0/68 and 7.5/75, the mask shifted a pixel 25/247, against a bf16 error of 0.6/8).
-SIZE, STEPS, SEED, STRENGTH = 64, 10, 5, 0.4
+STEPS, SEED, STRENGTH = 10, 5, 0.4
 PROMPT = "a red fox in the snow"
-REPAINTED = (8, 16, 40, 48)  # x0, y0, x1, y1: where OpenAI's mask is transparent
 LEVELS = 10  # of 255: the least change a test may tell from noise
-
-
-def picture(seed: int) -> Image.Image:
-    """Smooth seeded colour fields (a VAE keeps those; noise it would blur), one per seed."""
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:SIZE, 0:SIZE] / SIZE
-    channels = [np.sin(2 * np.pi * (rng.uniform(0.5, 2) * x + rng.uniform(0.5, 2) * y + rng.uniform())) for _ in "rgb"]
-    return Image.fromarray((np.stack(channels, -1) * 110 + 128).astype(np.uint8))
-
-
-def repaint_mask(shift: int = 0, inverted: bool = False) -> np.ndarray:
-    """Where diffusers repaints (True), from OpenAI's mask: its transparent pixels."""
-    x0, y0, x1, y1 = REPAINTED
-    inside = np.zeros((SIZE, SIZE), bool)
-    inside[y0:y1, x0 + shift : x1 + shift] = True
-    return ~inside if inverted else inside
-
-
-def openai_mask(repaint: np.ndarray) -> bytes:
-    """OpenAI's mask of ``repaint``: opaque everywhere, fully transparent where the picture is to be edited."""
-    alpha = np.where(repaint, 0, 255).astype(np.uint8)
-    return png(Image.fromarray(np.dstack([np.zeros((SIZE, SIZE, 3), np.uint8), alpha]), "RGBA"))
-
-
-def png(image: Image.Image) -> bytes:
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return buffer.getvalue()
 
 
 @dataclass
