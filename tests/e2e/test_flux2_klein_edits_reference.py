@@ -170,6 +170,41 @@ def test_a_masked_edit_reads_the_other_pictures_as_references(pair, reference):
     check_pixels(edited, rendered(reference, images, mask), own_bf16(pair, reference, images, mask))
 
 
+def test_a_reference_edit_with_taylorseer_is_what_the_pipeline_renders_with_diffusers_own_hook(pair, reference):
+    """FLUX.2's one step cache runs on its edits as on its text to image: diffusers' TaylorSeer hook on the
+    transformer, whatever pipeline calls it."""
+    from diffusers.hooks.taylorseer_cache import TaylorSeerCacheConfig
+
+    images, steps = [picture(1), picture(2)], 6
+    edited = pair.edit(images, num_inference_steps=steps, step_cache={"method": "taylorseer", "interval": 2})
+
+    def cached(dtype: torch.dtype, hook: bool = True) -> np.ndarray:
+        pipeline = reference["reference", dtype]
+        rows = encoded(FAMILY, pipeline, PROMPT)[None].to(dtype)
+        if hook:
+            pipeline.transformer.enable_cache(TaylorSeerCacheConfig(cache_interval=2, taylor_factors_dtype=dtype))
+        try:
+            with torch.inference_mode():
+                out = pipeline(
+                    prompt_embeds=rows,
+                    image=images,
+                    height=SIZE,
+                    width=SIZE,
+                    num_inference_steps=steps,
+                    guidance_scale=1.0,
+                    generator=torch.Generator("cpu").manual_seed(SEED),
+                    output_type="np",
+                ).images[0]
+        finally:
+            if hook:
+                pipeline.transformer.disable_cache()
+        return np.round(out * 255).astype("uint8")
+
+    reference_picture = cached(torch.float32)
+    assert levels(reference_picture, cached(torch.float32, hook=False)) > 3 * FP32_PIXELS  # the hook changes it
+    check_pixels(edited, reference_picture, cached(torch.bfloat16) if pair.dtype == torch.bfloat16 else None)
+
+
 @pytest.mark.parametrize(
     ("images", "masked", "extra", "param"),
     [
