@@ -24,16 +24,15 @@ Usage: ``python -m deploy.checkpoints.build_qwen3_families [--out-dir DIR] [--se
 from __future__ import annotations
 
 import argparse
+import functools
 import shutil
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from deploy.checkpoints.build_qwen_image_full import TOKENIZER_FILES, tokenizer_files
-from deploy.checkpoints.build_tiny_qwen_image import is_complete, recipe_hash, write_marker
-from services.checkpoints import FLUX2_KLEIN_MODEL, Z_IMAGE_MODEL, default_model_dir, install
+from deploy.checkpoints.build_tiny_qwen_image import build_once
+from services.checkpoints import FLUX2_KLEIN_MODEL, Z_IMAGE_MODEL, default_model_dir
 
 RECIPE_VERSION = 1  # bump when the build changes in a way the recipe does not show
 
@@ -180,6 +179,10 @@ def drawn(transformer: Any, init: dict[str, Any]) -> None:
         read_slow_sinusoids(embedder, init["timestep_embedding_max_frequency"])
 
 
+def _build_family(name: str, spec: dict[str, Any], work_dir: Path) -> None:
+    build(name, spec, work_dir, tokenizer_files())
+
+
 def build(name: str, spec: dict[str, Any], work_dir: Path, tokenizer_dir: Path) -> None:
     import torch
     from diffusers.models.autoencoders.autoencoder_kl import AutoencoderKL
@@ -235,22 +238,8 @@ def main(argv: list[str] | None = None) -> int:
 
     for name, family in FAMILIES.items():
         spec = recipe(family, args.seed)
-        config_hash = recipe_hash(spec)
-        out_dir = (args.out_dir / name if args.out_dir else default_model_dir(name)).expanduser().resolve()
-        if not args.force and is_complete(out_dir, config_hash):
-            print(f"{out_dir} is complete (config sha256 {config_hash[:12]}); nothing to do")
-            continue
-        started = time.monotonic()
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
-        work_dir = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-        try:
-            build(name, spec, work_dir, tokenizer_files())
-            write_marker(work_dir, spec, config_hash)  # last: a folder without one is never taken as finished
-            install(work_dir, out_dir)
-        except BaseException:
-            shutil.rmtree(work_dir, ignore_errors=True)
-            raise
-        print(f"wrote {out_dir} (seed {args.seed}) in {time.monotonic() - started:.1f}s")
+        out_dir = args.out_dir / name if args.out_dir else default_model_dir(name)
+        build_once(out_dir, spec, functools.partial(_build_family, name, spec), args.force)
     return 0
 
 

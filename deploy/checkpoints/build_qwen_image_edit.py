@@ -38,14 +38,12 @@ import json
 import math
 import shutil
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from deploy.checkpoints import build_qwen_image_full as full
-from deploy.checkpoints.build_tiny_qwen_image import build_recipe, is_complete, recipe_hash, write_marker
-from services.checkpoints import QWEN_IMAGE_EDIT_MODEL, default_model_dir, install
+from deploy.checkpoints.build_tiny_qwen_image import build_once, build_recipe
+from services.checkpoints import QWEN_IMAGE_EDIT_MODEL, default_model_dir
 
 RECIPE_VERSION = 1  # bump when the build changes in a way the recipe does not show
 PROCESSOR_CLASS = "Qwen2VLProcessor"
@@ -225,24 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     spec = recipe(args.seed)
-    config_hash = recipe_hash(spec)
-    out_dir = args.out.expanduser().resolve()
-    if not args.force and is_complete(out_dir, config_hash):
-        print(f"{out_dir} is complete (config sha256 {config_hash[:12]}); nothing to do")
-        return 0
-
-    started = time.monotonic()
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    work_dir = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-    try:
-        build(spec, work_dir, full.tokenizer_files())
-        # The marker goes last: a directory without one is never mistaken for a finished build.
-        write_marker(work_dir, spec, config_hash)
-        install(work_dir, out_dir)
-    except BaseException:
-        shutil.rmtree(work_dir, ignore_errors=True)
-        raise
-    print(f"wrote {out_dir} (seed {args.seed}) in {time.monotonic() - started:.1f}s")
+    build_once(args.out, spec, lambda work_dir: build(spec, work_dir, full.tokenizer_files()), args.force)
     return 0
 
 

@@ -33,6 +33,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from services.checkpoints import PLUMBING_DIT_MODEL, default_model_dir, install
@@ -165,6 +166,29 @@ def write_marker(work_dir: Path, recipe: dict, config_hash: str) -> None:
         f.write("\n")
         f.flush()
         os.fsync(f.fileno())
+
+
+def build_once(out_dir: Path, recipe: dict, build_into: Callable[[Path], None], force: bool = False) -> bool:
+    """Build ``recipe``'s folder at ``out_dir`` with ``build_into`` (given a fresh work folder beside it), marked and
+    installed whole, unless a complete build of the same recipe is there (False: nothing done) or ``force``."""
+    config_hash = recipe_hash(recipe)
+    out_dir = out_dir.expanduser().resolve()
+    if not force and is_complete(out_dir, config_hash):
+        print(f"{out_dir} is complete (config sha256 {config_hash[:12]}); nothing to do")
+        return False
+    started = time.monotonic()
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    work_dir = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    try:
+        build_into(work_dir)
+        # The marker goes last: a directory without it is never mistaken for a finished build.
+        write_marker(work_dir, recipe, config_hash)
+        install(work_dir, out_dir)
+    except BaseException:
+        shutil.rmtree(work_dir, ignore_errors=True)
+        raise
+    print(f"wrote {out_dir} in {time.monotonic() - started:.1f}s")
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
