@@ -186,9 +186,15 @@ def decode_edit(upload: EditUpload, size: OutputSize) -> EditPixels:
     )
     if upload.mask is None:
         return EditPixels((picture,), None)
-    alpha = decoded_upright(upload.mask, "mask").convert("RGBA").getchannel("A")
+    return EditPixels((picture,), repaint_pixels(upload.mask, width, height))
+
+
+def repaint_pixels(mask: PIL.Image.Image, width: int, height: int) -> bytes:
+    """OpenAI's mask (its fully transparent pixels mark what to repaint) as sent: ``height x width``, 255 where the
+    picture is repainted, 0 elsewhere. Blocking: it decodes the mask."""
+    alpha = decoded_upright(mask, "mask").convert("RGBA").getchannel("A")
     repaint = alpha.point(lambda a: 255 if a == 0 else 0)
-    return EditPixels((picture,), resized(repaint, width, height, PIL.Image.Resampling.NEAREST).tobytes())
+    return resized(repaint, width, height, PIL.Image.Resampling.NEAREST).tobytes()
 
 
 def _opened(data: bytes, param: str, formats: tuple[str, ...], max_pixels: int) -> PIL.Image.Image:

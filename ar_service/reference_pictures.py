@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import PIL.Image
 
-from ar_service.input_images import EditPixels, EditUpload, PicturePixels, decoded_upright, resized
+from ar_service.input_images import EditPixels, EditUpload, PicturePixels, decoded_upright, repaint_pixels, resized
 from services.errors import ApiError
 from services.model_card import PictureReading
 from shared.diffusion import ReferencePictureRules
@@ -105,7 +105,5 @@ def decode_for_pipeline(uploads: Sequence[EditUpload], rules: ReferencePictureRu
         scaled = resized(picture, width, height, PIL.Image.Resampling.LANCZOS)
         sent.append(PicturePixels(width, height, scaled.tobytes()))
         if upload.mask is not None:
-            alpha = decoded_upright(upload.mask, "mask").convert("RGBA").getchannel("A")
-            repaint = alpha.point(lambda a: 255 if a == 0 else 0)
-            mask = resized(repaint, width, height, PIL.Image.Resampling.NEAREST).tobytes()
+            mask = repaint_pixels(upload.mask, width, height)
     return EditPixels(tuple(sent), mask)

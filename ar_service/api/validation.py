@@ -32,7 +32,7 @@ from ar_service.settings import ArSettings
 from services.errors import ApiError
 from services.model_card import PictureReading
 from shared.capabilities import DitCapabilities
-from shared.diffusion import DiffusionParams, OutputFormat, StepCache, parse_size
+from shared.diffusion import DiffusionParams, OutputFormat, ReferencePictureRules, StepCache, parse_size
 from shared.errors import InvalidDiffusionParams
 from shared.frames import PUBLIC_PARAM, StreamName
 
@@ -149,8 +149,8 @@ class RequestValidator:
         """An edit of a model whose encoder reads the pictures (``reference_pictures``): 1 to its most pictures, no
         mask, no strength; the output sized from the last picture, as its pipeline sizes it, unless asked."""
         body, reading = form.request, self.prompts.reading
-        if reading is None and dit.limits.reference_pictures is not None:
-            return await self._pipeline_reference_edit(form, request_id, received_at, dit, tenant)
+        if reading is None and (rules := dit.limits.reference_pictures) is not None:
+            return await self._pipeline_reference_edit(form, request_id, received_at, dit, tenant, rules)
         if reading is None:
             raise _invalid(
                 f"{dit.model} edits from pictures its text encoder reads, and this AR's encoder reads none",
@@ -184,15 +184,19 @@ class RequestValidator:
             raise
 
     async def _pipeline_reference_edit(
-        self, form: EditForm, request_id: str, received_at: float, dit: DitCapabilities, tenant: str | None
+        self,
+        form: EditForm,
+        request_id: str,
+        received_at: float,
+        dit: DitCapabilities,
+        tenant: str | None,
+        rules: ReferencePictureRules,
     ) -> ValidGeneration:
         """An edit of a model whose pipeline reads the pictures itself beside a text-only encoder's rows (FLUX.2
         [klein]'s, ``DiffusionLimits.reference_pictures``): 1 to its most pictures; no strength, unless a mask (on the
         first picture) makes it an inpaint, which takes one; unsized, drawn at the first picture's size as its
         pipeline draws it (the inpaint always is)."""
         body = form.request
-        rules = dit.limits.reference_pictures
-        assert rules is not None
         masked = form.mask is not None
         if masked and not dit.limits.edit_mask:
             raise _invalid(f"{dit.model} takes no mask", "mask")
