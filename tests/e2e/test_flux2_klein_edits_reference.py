@@ -16,8 +16,6 @@ draw) is a 400 naming the field before any work.
 
 from __future__ import annotations
 
-import base64
-import io
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -36,7 +34,7 @@ from services.checkpoints import FLUX2_KLEIN_MODEL, default_model_dir
 from tests.conftest import require_checkpoint
 from tests.e2e.conftest import pair_on_folder
 from tests.e2e.test_qwen3_families import FAMILIES, encoded
-from tests.support.edit_pictures import SIZE, openai_mask, picture, png, repaint_mask
+from tests.support.edit_pictures import SIZE, edited, loaded, picture, png, repaint_mask
 from tests.support.live_server import LiveServer
 from tests.support.reference_checks import FP32_PIXELS, check_pixels
 
@@ -60,17 +58,8 @@ class Pair:
     def edit(
         self, images: list[Image.Image], mask: np.ndarray | None = None, size: str = "auto", **extra: Any
     ) -> np.ndarray:
-        files: dict[str, Any] = {"mask": ("mask.png", openai_mask(mask), "image/png")} if mask is not None else {}
         steps = INPAINT_STEPS if mask is not None else STEPS
-        result = self.client.images.edit(
-            image=[(f"in{n}.png", png(image), "image/png") for n, image in enumerate(images)],
-            prompt=PROMPT,
-            size=size,
-            extra_body={"seed": SEED, "num_inference_steps": steps, **extra},
-            **files,
-        )
-        assert result.data is not None
-        return np.asarray(Image.open(io.BytesIO(base64.b64decode(result.data[0].b64_json or ""))).convert("RGB"))
+        return edited(self.client, images, PROMPT, mask, size, {"seed": SEED, "num_inference_steps": steps, **extra})
 
 
 @pytest.fixture(scope="module", params=["float32", "bfloat16"])
@@ -81,15 +70,8 @@ def pair(request) -> Iterator[Pair]:
 
 @pytest.fixture(scope="module")
 def reference() -> dict[tuple[str, torch.dtype], Any]:
-    """diffusers' own reference-edit and inpaint pipelines in fp32 (the reference) and bf16 (their own bf16 error),
-    each loaded on its own (``from_pipe`` casts what it shares to its own dtype)."""
-    pipelines = {}
-    for dtype in (torch.float32, torch.bfloat16):
-        for kind, pipeline_class in (("reference", Flux2KleinPipeline), ("inpaint", Flux2KleinInpaintPipeline)):
-            pipeline = pipeline_class.from_pretrained(str(require_checkpoint(FOLDER)), dtype=dtype)
-            pipeline.set_progress_bar_config(disable=True)
-            pipelines[kind, dtype] = pipeline
-    return pipelines
+    """diffusers' own reference-edit and inpaint pipelines in fp32 (the reference) and bf16 (their own bf16 error)."""
+    return loaded(require_checkpoint(FOLDER), {"reference": Flux2KleinPipeline, "inpaint": Flux2KleinInpaintPipeline})
 
 
 def rendered(

@@ -33,7 +33,7 @@ from PIL import Image
 from services.checkpoints import Z_IMAGE_MODEL, default_model_dir
 from tests.conftest import require_checkpoint
 from tests.e2e.conftest import pair_on_folder
-from tests.support.edit_pictures import SIZE, openai_mask, picture, png, repaint_mask
+from tests.support.edit_pictures import SIZE, edited, loaded, picture, png, repaint_mask
 from tests.support.live_server import LiveServer
 from tests.support.reference_checks import FP32_PIXELS, check_pixels
 
@@ -55,20 +55,8 @@ class Pair:
     ar: LiveServer
 
     def edit(self, image: Image.Image, mask: np.ndarray | None = None, **extra: Any) -> np.ndarray:
-        files: dict[str, Any] = {"mask": ("mask.png", openai_mask(mask), "image/png")} if mask is not None else {}
-        result = self.client.images.edit(
-            image=("in.png", png(image), "image/png"),
-            prompt=PROMPT,
-            size=f"{SIZE}x{SIZE}",
-            extra_body={
-                name: value
-                for name, value in {"seed": SEED, "num_inference_steps": STEPS, "strength": STRENGTH, **extra}.items()
-                if value is not None
-            },
-            **files,
-        )
-        assert result.data is not None
-        return np.asarray(Image.open(io.BytesIO(base64.b64decode(result.data[0].b64_json or ""))).convert("RGB"))
+        fields = {"seed": SEED, "num_inference_steps": STEPS, "strength": STRENGTH, **extra}
+        return edited(self.client, [image], PROMPT, mask, f"{SIZE}x{SIZE}", fields)
 
 
 @pytest.fixture(scope="module", params=["float32", "bfloat16"])
@@ -80,14 +68,7 @@ def pair(request) -> Iterator[Pair]:
 @pytest.fixture(scope="module")
 def reference() -> dict[tuple[str, torch.dtype], Any]:
     """diffusers' own img2img and inpaint pipelines in fp32 (the reference) and bf16 (their own bf16 error)."""
-    pipelines = {}
-    for dtype in (torch.float32, torch.bfloat16):
-        # Each loaded on its own: ``from_pipe`` casts the modules it shares to its own dtype, fp32 by default.
-        for kind, pipeline_class in (("img2img", ZImageImg2ImgPipeline), ("inpaint", ZImageInpaintPipeline)):
-            pipeline = pipeline_class.from_pretrained(str(require_checkpoint(FOLDER)), dtype=dtype)
-            pipeline.set_progress_bar_config(disable=True)
-            pipelines[kind, dtype] = pipeline
-    return pipelines
+    return loaded(require_checkpoint(FOLDER), {"img2img": ZImageImg2ImgPipeline, "inpaint": ZImageInpaintPipeline})
 
 
 def rendered(
