@@ -93,8 +93,8 @@ class DiffusionLimits(WireModel):
     # above. Another size is refused, as OpenAI refuses a size a model does not support.
     sizes: Annotated[list[Size] | None, _in_all_that_list] = None
     # Previews a request may ask for (0 where the service cannot decode the family's latents: FLUX.2 [klein]'s),
-    # and whether it edits images (False where the family's pipeline decodes its own pictures: Z-Image's, FLUX.2
-    # [klein]'s); as its model card says. A DiT that predates them does both.
+    # and whether it edits images (False where the family runs no edit pipeline: Qwen-Image-2.1's); as its model
+    # card says. A DiT that predates them does both.
     max_partial_images: Annotated[NonNegInt, TIGHTEST_MAX] = MAX_PARTIAL_IMAGES
     edits: Annotated[bool, _every] = True
     # What it draws from, as its model card says (absent from a DiT that predates them: Qwen-Image's): from text
