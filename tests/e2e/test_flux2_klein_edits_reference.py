@@ -193,7 +193,7 @@ def test_a_reference_edit_with_taylorseer_is_what_the_pipeline_renders_with_diff
         ([picture(1)], False, {"strength": 0.5}, "strength"),
         ([picture(1)], False, {"input_fidelity": "high"}, "input_fidelity"),
         ([picture(n) for n in range(5)], False, {}, "image"),
-        ([picture(1), picture(2, 48, 64)], False, {}, "image"),
+        ([picture(1), picture(2, 63, 64)], False, {}, "image"),
         ([picture(1, 64, 576)], False, {}, "image"),
         ([picture(1)], True, {"size": "128x128", "strength": 0.5}, "size"),
     ],
