@@ -46,3 +46,20 @@ def test_a_dropped_prefix_leaves_out_only_its_own_rows(settings):
     assert str(tokenizer.decode(built.token_ids[built.prefix_tokens :])).startswith("<|im_start|>user\na red fox")
     with pytest.raises(ValueError, match="not the start of the template"):
         PromptBuilder(tokenizer, QWEN_IMAGE_21_TEMPLATE, dropped_prefix="<|im_start|>user\n")
+
+
+def test_the_ar_counts_picture_tokens_with_the_image_processor_class_the_edit_pipeline_loads():
+    """transformers picks a torchvision-backed or a PIL image processor by what imports: the AR's (which sizes each
+    picture's tokens) must be the class diffusers' QwenImageEditPlusPipeline loads from the same processor/."""
+    from diffusers.pipelines.qwenimage.pipeline_qwenimage_edit_plus import QwenImageEditPlusPipeline
+
+    from ar_service.engine.text_model import TextModel
+    from services.checkpoints import QWEN_IMAGE_EDIT_MODEL, default_model_dir
+
+    folder = require_checkpoint(default_model_dir(QWEN_IMAGE_EDIT_MODEL))
+    text_model = TextModel.read(folder)
+    assert text_model.card_rows is not None
+    ours = PromptBuilder.of_text_model(text_model, text_model.card_rows).pictures
+    pipeline = QwenImageEditPlusPipeline.from_pretrained(str(folder))
+    assert ours is not None
+    assert type(ours.image_processor) is type(pipeline.processor.image_processor)
